@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The sidecar's cost, measured against what it stands beside. Starts:
+#   - a fixed-answer origin (nginx `return`, one worker): answers a Chroma count (GET) and add (POST);
+#   - nginx as a plain reverse proxy to it (one worker, keep-alive upstream);
+#   - a bare Pingora pass-through proxy (examples/bare_proxy.rs, one thread): the framework's floor;
+#   - the gate (one proxy thread, SQLite, the Chroma pack, the default policy);
+# then drives each with wrk and prints requests per second and p99 for
+#   reads:  GET .../collections/{id}/count   (a read no pack treats: only the route lookup)
+#   writes: POST .../collections/{id}/add    (one record, unique id per request: judged by the
+#           kernel, receipt and journal row committed before dispatch, for the gate)
+# and the ratios. Usage:
+#   benches/proxy.sh [seconds per run (default 10)] [connections (default 32)]
+# Needs nginx and wrk (apt-get install -y nginx wrk). Builds the release binaries first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR="${1:-10}"
+CONNS="${2:-32}"
+WRK_THREADS="${WRK_THREADS:-1}"
+command -v nginx >/dev/null && command -v wrk >/dev/null || {
+  echo "needs nginx and wrk: apt-get install -y nginx wrk" >&2; exit 1; }
+
+cargo build --release --quiet --bin substrate-gate --example bare_proxy
+GATE=target/release/substrate-gate
+BARE=target/release/examples/bare_proxy
+
+WORK="$(mktemp -d /tmp/gate-bench.XXXXXX)"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  [ -f "$WORK/origin.pid" ] && kill "$(cat "$WORK/origin.pid")" 2>/dev/null || true
+  [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+  sleep 0.3
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+ORIGIN=$(free_port); NGINX=$(free_port); BAREP=$(free_port)
+GATE_API=$(free_port); GATE_PROXY=$(free_port); GATE_METRICS=$(free_port)
+COL="0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11"
+BASE="/api/v2/tenants/default_tenant/databases/default_database/collections/$COL"
+
+mkdir -p "$WORK/logs"
+cat > "$WORK/origin.conf" <<EOF
+worker_processes 1;
+pid $WORK/origin.pid;
+error_log $WORK/logs/origin.err warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/cbt; proxy_temp_path $WORK/pt; fastcgi_temp_path $WORK/ft; uwsgi_temp_path $WORK/ut; scgi_temp_path $WORK/st;
+  keepalive_requests 1000000;
+  server {
+    listen 127.0.0.1:$ORIGIN;
+    default_type application/json;
+    location ~ /add\$ { client_body_buffer_size 64k; return 201 '{}'; }
+    location ~ /count\$ { return 200 '4'; }
+    location / { return 200 '{}'; }
+  }
+}
+EOF
+cat > "$WORK/nginx.conf" <<EOF
+worker_processes 1;
+pid $WORK/nginx.pid;
+error_log $WORK/logs/nginx.err warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/cbt2; proxy_temp_path $WORK/pt2; fastcgi_temp_path $WORK/ft2; uwsgi_temp_path $WORK/ut2; scgi_temp_path $WORK/st2;
+  keepalive_requests 1000000;
+  upstream origin { server 127.0.0.1:$ORIGIN; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NGINX;
+    location / {
+      proxy_pass http://origin;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      client_body_buffer_size 64k;
+    }
+  }
+}
+EOF
+nginx -c "$WORK/origin.conf" -p "$WORK"
+nginx -c "$WORK/nginx.conf" -p "$WORK"
+
+"$BARE" "127.0.0.1:$BAREP" "127.0.0.1:$ORIGIN" 1 >"$WORK/logs/bare.log" 2>&1 &
+PIDS+=($!)
+
+cat > "$WORK/gate.toml" <<EOF
+[service]
+watch = false
+[listeners]
+api = "127.0.0.1:$GATE_API"
+proxy = "127.0.0.1:$GATE_PROXY"
+metrics = "127.0.0.1:$GATE_METRICS"
+proxy_threads = 1
+[storage]
+url = "sqlite://$WORK/gate.db"
+[logging]
+level = "warn"
+format = "text"
+[upstream]
+address = "127.0.0.1:$ORIGIN"
+[proxy]
+packs = ["$PWD/filters/chroma.toml"]
+tenant = "00000000-0000-4000-8000-000000000001"
+[[tenants]]
+id = "00000000-0000-4000-8000-000000000001"
+name = "bench"
+policy = "default"
+EOF
+"$GATE" serve --config "$WORK/gate.toml" >"$WORK/logs/gate.log" 2>&1 &
+PIDS+=($!)
+
+wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
+for p in $ORIGIN $NGINX $BAREP $GATE_PROXY; do wait_port "$p"; done
+curl -sf "http://127.0.0.1:$GATE_API/readyz" >/dev/null
+
+# One record per add, a unique id per request (every request is a new record to judge).
+cat > "$WORK/add.lua" <<'EOF'
+local n = 0
+local emb = "[" .. string.rep("0.0123,", 383) .. "0.0123]"
+request = function()
+  n = n + 1
+  local id = string.format("t%d-%d", math.random(1, 1000000000), n)
+  local body = '{"ids":["' .. id .. '"],"embeddings":[' .. emb .. '],"metadatas":[{"source":"bench","n":' .. n ..
+    '}],"documents":["Invoices are sent on the first business day of each month as PDF attachments."],"uris":null}'
+  return wrk.format("POST", wrk.path, {["Content-Type"] = "application/json"}, body)
+end
+EOF
+
+# run NAME PORT KIND -> prints "rps p99_ms"
+run() {
+  local port=$2 kind=$3 out
+  if [ "$kind" = read ]; then
+    wrk -t"$WRK_THREADS" -c"$CONNS" -d2s "http://127.0.0.1:$port$BASE/count" >/dev/null
+    out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency "http://127.0.0.1:$port$BASE/count")
+  else
+    wrk -t"$WRK_THREADS" -c"$CONNS" -d2s -s "$WORK/add.lua" "http://127.0.0.1:$port$BASE/add" >/dev/null
+    out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency -s "$WORK/add.lua" "http://127.0.0.1:$port$BASE/add")
+  fi
+  local rps p99 non2xx
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
+  [ -n "$non2xx" ] && echo "WARNING: $1 $kind: $non2xx non-2xx answers" >&2
+  echo "$rps $(to_ms "$p99")"
+}
+to_ms() { python3 -c 'import sys,re; v=sys.argv[1]; m=re.match(r"([\d.]+)(us|ms|s)",v); f={"us":0.001,"ms":1,"s":1000}; print("%.3f"%(float(m.group(1))*f[m.group(2)]) if m else "nan")' "$1"; }
+
+declare -A RPS P99
+for t in origin:$ORIGIN nginx:$NGINX bare:$BAREP gate:$GATE_PROXY; do
+  name=${t%%:*}; port=${t##*:}
+  for kind in read write; do
+    read -r r p < <(run "$name" "$port" "$kind")
+    RPS[$name-$kind]=$r; P99[$name-$kind]=$p
+  done
+done
+
+ratio() { python3 -c 'import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print("%.2f" % (a/b) if b else "nan")' "$1" "$2"; }
+diff_ms() { python3 -c 'import sys; print("%.3f" % (float(sys.argv[1])-float(sys.argv[2])))' "$1" "$2"; }
+
+echo
+echo "substrate-gate proxy benchmark: ${DUR}s per run, $CONNS connections, wrk -t$WRK_THREADS, one worker each, $(nproc) cores"
+printf '%-22s %12s %10s %12s %10s\n' "" "reads rps" "p99 ms" "writes rps" "p99 ms"
+for n in origin nginx bare gate; do
+  label=$n; [ $n = origin ] && label="origin (direct)"; [ $n = bare ] && label="bare pingora"; [ $n = nginx ] && label="nginx proxy"; [ $n = gate ] && label="gate"
+  printf '%-22s %12s %10s %12s %10s\n' "$label" "${RPS[$n-read]}" "${P99[$n-read]}" "${RPS[$n-write]}" "${P99[$n-write]}"
+done
+echo
+echo "ratios (requests per second)"
+echo "  bare pingora / nginx, reads:   $(ratio "${RPS[bare-read]}" "${RPS[nginx-read]}")"
+echo "  gate / bare pingora, reads:    $(ratio "${RPS[gate-read]}" "${RPS[bare-read]}")   (target >= 0.9)"
+echo "  gate / nginx, reads:           $(ratio "${RPS[gate-read]}" "${RPS[nginx-read]}")"
+echo "  bare pingora / nginx, writes:  $(ratio "${RPS[bare-write]}" "${RPS[nginx-write]}")"
+echo "  gate / bare pingora, writes:   $(ratio "${RPS[gate-write]}" "${RPS[bare-write]}")   (target >= 0.5)"
+echo "p99 added by the gate to a write: $(diff_ms "${P99[gate-write]}" "${P99[bare-write]}") ms over bare pingora, $(diff_ms "${P99[gate-write]}" "${P99[origin-write]}") ms over the origin (target < 2 ms)"
+echo "gate journal: $(sqlite3 "$WORK/gate.db" 'select count(*) from receipts' 2>/dev/null || echo '?') receipts written"

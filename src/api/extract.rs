@@ -1,0 +1,271 @@
+//! Request extractors: who is calling (Bearer key → tenant, tenant header,
+//! rate limit) and what they sent (JSON content type, size cap, nesting
+//! depth, exact fields). Authentication runs before the body is read.
+
+use super::error::{from_serde, ApiError};
+use crate::state::{AppState, Principal};
+use axum::body::Body;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::{header, request::Parts};
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// The authenticated caller.
+pub struct Auth(pub Principal);
+
+impl FromRequestParts<Arc<AppState>> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        // One credential per request: with two, a proxy in front and this service could each
+        // act on a different one.
+        if parts.headers.get_all(header::AUTHORIZATION).iter().count() > 1 {
+            return Err(ApiError::unauthenticated(
+                "more than one Authorization header",
+            ));
+        }
+        let value = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| ApiError::unauthenticated("missing Authorization: Bearer <API key>"))?;
+        let value = value
+            .to_str()
+            .map_err(|_| ApiError::unauthenticated("Authorization header is not valid text"))?;
+        let key = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| ApiError::unauthenticated("Authorization must use the Bearer scheme"))?;
+        let rt = state.runtime();
+        let (principal, limiter) = rt
+            .authenticate(key)
+            .ok_or_else(|| ApiError::unauthenticated("unknown API key"))?;
+        // Every x-tenant-id must name the key's tenant (not only the first of several).
+        for h in parts.headers.get_all("x-tenant-id") {
+            let t = h
+                .to_str()
+                .ok()
+                .and_then(|s| Uuid::parse_str(s.trim()).ok())
+                .ok_or_else(|| ApiError::field("x-tenant-id", "not a UUID"))?;
+            if t != principal.tenant {
+                return Err(ApiError::tenant_mismatch("x-tenant-id"));
+            }
+        }
+        if let Some(l) = limiter {
+            if let Err(not_until) = l.check() {
+                let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                    &governor::clock::DefaultClock::default(),
+                ));
+                return Err(ApiError::rate_limited(wait.as_secs_f64().ceil() as u64));
+            }
+        }
+        tracing::Span::current().record("tenant", principal.tenant.to_string());
+        Ok(Auth(principal))
+    }
+}
+
+impl Auth {
+    /// A body's optional `tenantId` must name the key's tenant.
+    pub fn check_body_tenant(&self, tenant: Option<Uuid>) -> Result<(), ApiError> {
+        match tenant {
+            Some(t) if t != self.0.tenant => Err(ApiError::tenant_mismatch("tenantId")),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A JSON body deserialized into exactly the fields of `T`.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let limits = state.runtime().config.limits.clone();
+        let bytes = read_json_body(req, limits.api_body_bytes, limits.body_timeout_ms).await?;
+        parse_json(&bytes, limits.json_max_depth).map(ApiJson)
+    }
+}
+
+/// Checks the content type and reads the body under the size cap and time bound.
+pub async fn read_json_body(
+    req: Request,
+    limit: usize,
+    timeout_ms: u64,
+) -> Result<bytes::Bytes, ApiError> {
+    let ct = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if !(mime == "application/json"
+        || (mime.starts_with("application/") && mime.ends_with("+json")))
+    {
+        return Err(ApiError::unsupported_media_type());
+    }
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if len > limit {
+            return Err(ApiError::too_large(limit));
+        }
+    }
+    let body: Body = req.into_body();
+    match tokio::time::timeout(
+        std::time::Duration::from_millis(timeout_ms),
+        axum::body::to_bytes(body, limit),
+    )
+    .await
+    {
+        Err(_) => Err(ApiError::new(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body was not received in time",
+        )),
+        Ok(Err(e)) => {
+            let too_big = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if too_big {
+                Err(ApiError::too_large(limit))
+            } else {
+                Err(ApiError::invalid_json(format!(
+                    "could not read the request body: {e}"
+                )))
+            }
+        }
+        Ok(Ok(b)) => Ok(b),
+    }
+}
+
+/// Parses JSON into `T` with the field path of any error; refuses nesting
+/// deeper than `max_depth` before parsing (no stack games with the parser).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> Result<T, ApiError> {
+    if bytes.iter().all(|b| b.is_ascii_whitespace()) {
+        return Err(ApiError::invalid_json(
+            "request body is empty; a JSON object is required",
+        ));
+    }
+    if std::str::from_utf8(bytes).is_err() {
+        return Err(ApiError::invalid_json("request body is not valid UTF-8"));
+    }
+    if json_depth(bytes) > max_depth {
+        return Err(ApiError::invalid_json(format!(
+            "JSON nesting is deeper than {max_depth} levels"
+        )));
+    }
+    // Syntax on its own first: only a body that is not JSON at all is `invalid_json`. (Typed
+    // parsing reports some type errors with a syntax code: an array or a null where an
+    // enumeration value goes is "expected value".)
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
+        let msg = e.to_string();
+        let msg = msg.split(" at line ").next().unwrap_or_default();
+        return Err(ApiError::invalid_json(format!(
+            "request body is not valid JSON: {msg}"
+        )));
+    }
+    // Request bodies are objects: serde would also read a struct from an array of its field
+    // values in declaration order, which the documented schema does not allow.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::field("body", "must be a JSON object"));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let v = serde_path_to_error::deserialize(de).map_err(|e| {
+        // serde_json reports a value an enum cannot start with (e.g. null for
+        // a required enum field) as a syntax error; when the body is valid
+        // JSON it is a wrong value, and the field must be named.
+        let inner = e.inner();
+        let path = e.path().to_string();
+        if (inner.is_syntax() || inner.is_eof())
+            && !(path == "." || path.is_empty())
+            && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+        {
+            return ApiError::field(path, "invalid value: expected one of the allowed values");
+        }
+        from_serde(e)
+    })?;
+    Ok(v)
+}
+
+/// Maximum nesting of arrays/objects, ignoring brackets inside strings.
+pub fn json_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_str, mut esc) = (0usize, 0usize, false, false);
+    for &b in bytes {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if b == b'\\' {
+                esc = true;
+            } else if b == b'"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_ignores_brackets_in_strings() {
+        assert_eq!(json_depth(br#"{"a": "[[[[{{{{"}"#), 1);
+        assert_eq!(json_depth(br#"[[[{"a": [1]}]]]"#), 5);
+        assert_eq!(json_depth(br#"{"a": "\"[["}"#), 1);
+    }
+}
+
+/// Like [`ApiJson`], but an empty body (no content) means `T::default()`:
+/// for routes whose request fields are all optional.
+pub struct ApiJsonOrEmpty<T>(pub T);
+
+impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for ApiJsonOrEmpty<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let no_type = req.headers().get(header::CONTENT_TYPE).is_none();
+        let declared_empty = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            == Some("0");
+        if no_type && (declared_empty || req.headers().get(header::TRANSFER_ENCODING).is_none()) {
+            let limits = state.runtime().config.limits.clone();
+            let body = axum::body::to_bytes(req.into_body(), limits.api_body_bytes)
+                .await
+                .map_err(|_| ApiError::too_large(limits.api_body_bytes))?;
+            if body.is_empty() {
+                return Ok(ApiJsonOrEmpty(T::default()));
+            }
+            return Err(ApiError::unsupported_media_type());
+        }
+        ApiJson::<T>::from_request(req, state)
+            .await
+            .map(|ApiJson(t)| ApiJsonOrEmpty(t))
+    }
+}

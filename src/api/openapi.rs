@@ -1,0 +1,245 @@
+//! `GET /openapi.json`: OpenAPI 3.1.0 generated from the handlers' own
+//! annotations and the spec types they (de)serialize, so it cannot drift.
+
+use super::error::{FieldError, Problem};
+use crate::kernel::operations::action::{ActionKind, BasisView};
+use crate::kernel::operations::canonicalization::Assessment;
+use crate::kernel::operations::configuration::{Boundary, Conflict, MemberView, WeakestLink};
+use crate::kernel::operations::retrieval::RetrievalTreatment;
+use crate::kernel::operations::reversal::{Residue, ResidueKind, ReversalMode};
+use crate::kernel::types::*;
+use crate::operations::types::*;
+use crate::webhooks::{
+    WebhookDelivery, WebhookRedriveRequest, WebhookRedriveResponse, WebhookRotateRequest,
+    WebhookRotateResponse, WebhookSubscription, WebhookSubscriptionUpsert,
+};
+use axum::http::header;
+use axum::response::IntoResponse;
+use std::sync::LazyLock;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+pub const API_VERSION: &str = "0.14.0-rc1";
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "substrate-gate: Governed Signal Integrity Service", version = "0.14.0-rc1", description = "Integrity sidecar and API: ingest, evaluate, receipts, replay, the five canonical operations, the governance lifecycle."),
+    paths(
+        super::health::health,
+        super::health::healthz,
+        super::health::readyz,
+        serve,
+        super::signals::ingest,
+        super::evaluate::evaluate,
+        super::receipts::fetch,
+        super::receipts::replay,
+        super::operations::configurations,
+        super::operations::canonicalization,
+        super::operations::retrieval,
+        super::operations::actions,
+        super::operations::reversal,
+        super::operations::coordination,
+        super::lifecycle::list_obstructions,
+        super::lifecycle::get_obstruction,
+        super::lifecycle::resolve_obstruction,
+        super::lifecycle::reject_obstruction,
+        super::lifecycle::escalate_obstruction,
+        super::lifecycle::list_plans,
+        super::lifecycle::get_plan,
+        super::lifecycle::approve_plan,
+        super::lifecycle::reject_plan,
+        super::lifecycle::complete_plan,
+        super::webhooks::upsert_subscription,
+        super::webhooks::list_subscriptions,
+        super::webhooks::rotate_secret,
+        super::webhooks::dead_letters,
+        super::webhooks::redrive,
+        super::quarantine::list,
+        super::quarantine::fetch,
+        super::quarantine::release,
+        super::quarantine::reject,
+    ),
+    components(schemas(
+        Problem, FieldError, HealthResponse, IngestRequest, IngestResponse, SignalRecord, GovernedSignal, GovernanceDecision,
+        EvaluateRequest, EvaluateResponse, ReceiptRef, KernelReceiptRef, SignalIdRef, KernelResult, Trace, Transition,
+        Obstruction, RepairPlan, RepairStep, CoordinationState, ReceiptBody, ReceiptResponse, ReplayRequest, KernelArtifact,
+        Reexecution, KernelReplayResponse, ProductSurface, SourceType, TargetSubstrate, ProposedMutation, EventType, Intent,
+        GovernedTargetType, RiskClass, RuntimeDecision, GovernanceOutcome, EvaluationProfile, EvaluationMode, KernelStatus,
+        TracePhase, AllowedInfluence, ObstructionType, ObstructionStatus, ObstructionTargetType, RepairClass, RepairStatus,
+        ExpectedOutcome, CoordinationSubjectType, CoordinationRegime, ReplayStatus, SubscriptionStatus,
+        ConfigurationMember, ConfigurationEvaluateRequest, ConfigurationEvaluateResponse, WeakestLink, Boundary, Conflict, MemberView,
+        CanonicalizationEvaluateRequest, CanonicalizationEvaluateResponse, Assessment,
+        RetrievalCandidate, RetrievalFilterRequest, RetrievalFilterResponse, RetrievalResult, TreatmentCounts, RetrievalTreatment,
+        ProtectedAction, ActionKind, ActionReleaseRequest, ActionReleaseResponse, BasisView,
+        ReversalEvaluateRequest, ReversalEvaluateResponse, ReversalMode, Dependent, Residue, ResidueKind,
+        LifecycleActionRequest, LifecycleResponse, ObstructionDetail, RepairPlanDetail,
+        WebhookSubscription, WebhookSubscriptionUpsert, WebhookRotateRequest, WebhookRotateResponse,
+        WebhookDelivery, WebhookRedriveRequest, WebhookRedriveResponse,
+        super::quarantine::QuarantineEntry, super::quarantine::QuarantineStatus, super::quarantine::HeldRequest,
+        super::quarantine::QuarantineList, super::quarantine::QuarantineReleaseResponse, super::quarantine::QuarantineRejectResponse
+    )),
+    modifiers(&Security),
+    tags((name = "health"), (name = "signals"), (name = "receipts"), (name = "operations"), (name = "lifecycle"), (name = "webhooks"), (name = "quarantine", description = "Records the sidecar held for review"))
+)]
+pub struct ApiDoc;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("API key")
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// OpenAPI links between operations (the id an answer names, used by the next call), so that
+/// clients and stateful testers (Schemathesis) can follow ingest → evaluate → receipt → replay.
+/// A link is added only when its source response and target operation are both documented.
+/// Added to the JSON form: utoipa 5.5's `Link` serializes `operation_id` / `request_body` in
+/// snake_case, which OpenAPI tools do not read.
+/// (source path, source method, status, link name, link object)
+const LINKS: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "/substrate/signals/ingest",
+        "post",
+        "200",
+        "EvaluateSignal",
+        r#"{"operationId": "evaluate", "requestBody": {"signalId": "$response.body#/signal/id"}}"#,
+    ),
+    (
+        "/substrate/integrity/evaluate",
+        "post",
+        "200",
+        "FetchReceipt",
+        r#"{"operationId": "fetch", "parameters": {"id": "$response.body#/receipt/id"}}"#,
+    ),
+    (
+        "/substrate/integrity/evaluate",
+        "post",
+        "200",
+        "ReplayReceipt",
+        r#"{"operationId": "replay", "parameters": {"id": "$response.body#/receipt/id"}}"#,
+    ),
+    (
+        "/substrate/receipts/{id}",
+        "get",
+        "200",
+        "ReplayReceipt",
+        r#"{"operationId": "replay", "parameters": {"id": "$response.body#/receipt/id"}}"#,
+    ),
+];
+
+/// `x-tenant-id` is an optional check, not a credential: handlers list `("tenantHeader" = [])` in
+/// their `security(...)`, which OpenAPI reads as an alternative way to authenticate (any client
+/// or tester may then send the header *instead of* the Bearer key). In the served document it
+/// becomes what it is: an optional `x-tenant-id` header parameter (a UUID that must equal the
+/// key's tenant: 400 when not a UUID, 403 when another tenant's) beside Bearer authentication.
+fn tenant_header_as_parameter(doc: &mut serde_json::Value) {
+    use serde_json::{json, Value};
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for op in item.values_mut().filter_map(Value::as_object_mut) {
+            let Some(Value::Array(security)) = op.get_mut("security") else {
+                continue;
+            };
+            let before = security.len();
+            security.retain(|req| req.get("tenantHeader").is_none());
+            if security.len() == before {
+                continue;
+            }
+            let params = op
+                .entry("parameters")
+                .or_insert_with(|| json!([]))
+                .as_array_mut();
+            if let Some(params) = params {
+                if !params.iter().any(|p| {
+                    p["in"] == "header"
+                        && p["name"].as_str().map(str::to_ascii_lowercase).as_deref()
+                            == Some("x-tenant-id")
+                }) {
+                    params.push(json!({
+                        "name": "x-tenant-id",
+                        "in": "header",
+                        "required": false,
+                        "description": "Optional: when present it must be the API key's tenant (400 when not a UUID, 403 when another tenant's).",
+                        "schema": {"type": "string", "format": "uuid"}
+                    }));
+                }
+            }
+        }
+    }
+}
+
+fn add_links(doc: &mut serde_json::Value) {
+    let ids: std::collections::HashSet<String> = doc["paths"]
+        .as_object()
+        .into_iter()
+        .flat_map(|paths| paths.values())
+        .filter_map(|item| item.as_object())
+        .flat_map(|item| item.values())
+        .filter_map(|op| op.get("operationId").and_then(|v| v.as_str()))
+        .map(str::to_string)
+        .collect();
+    for (path, method, status, name, link) in LINKS {
+        let Ok(link) = serde_json::from_str::<serde_json::Value>(link) else {
+            continue;
+        };
+        if !link["operationId"]
+            .as_str()
+            .is_some_and(|t| ids.contains(t))
+        {
+            continue;
+        }
+        let Some(resp) = doc
+            .pointer_mut(&format!(
+                "/paths/{}/{method}/responses/{status}",
+                path.replace('~', "~0").replace('/', "~1")
+            ))
+            .and_then(|r| r.as_object_mut())
+        else {
+            continue;
+        };
+        if let Some(links) = resp
+            .entry("links")
+            .or_insert_with(|| serde_json::json!({}))
+            .as_object_mut()
+        {
+            links.insert((*name).to_string(), link);
+        }
+    }
+}
+
+/// The document, with routes of other modules merged in, and the OpenAPI
+/// 3.1 top-level `webhooks` (utoipa has no field for it: it goes in as a
+/// top-level key through the flattened extensions map).
+pub fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.extensions.get_or_insert_with(Default::default).insert(
+        "webhooks".into(),
+        crate::webhooks::events::openapi_webhooks(),
+    );
+    doc
+}
+
+static DOC: LazyLock<String> = LazyLock::new(|| {
+    let mut doc = serde_json::to_value(document()).unwrap_or_default();
+    tenant_header_as_parameter(&mut doc);
+    add_links(&mut doc);
+    serde_json::to_string(&doc).unwrap_or_else(|_| "{}".into())
+});
+
+/// The OpenAPI document of this service.
+#[utoipa::path(get, path = "/openapi.json", tag = "health", responses((status = 200, description = "OpenAPI 3.1.0 document", content_type = "application/json", body = Object)))]
+pub async fn serve() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], DOC.as_str())
+}

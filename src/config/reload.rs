@@ -1,0 +1,176 @@
+//! Hot reload: on SIGHUP or a change in the config's directory (or an
+//! included file's / filter pack's), build and validate the whole new
+//! runtime first, then swap it in with one atomic store. A bad config
+//! changes nothing: the error is logged with its path and counted.
+//! Directories are watched, not files, so a Kubernetes ConfigMap's symlink
+//! swap (`..data` → new dir) is seen.
+
+use crate::state::{AppState, Runtime};
+use crate::store::EventWrite;
+use notify::{RecursiveMode, Watcher};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+type FilterHandle =
+    tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// Set once at start-up so reloads can change the log level.
+pub static LOG_FILTER: OnceLock<FilterHandle> = OnceLock::new();
+
+/// Outcome of one reload attempt.
+#[derive(Debug)]
+pub enum Reloaded {
+    Swapped { version: String },
+    Unchanged,
+    Refused(Vec<String>),
+}
+
+/// Reloads from the config path now. Safe to call concurrently: each call
+/// builds its own runtime and the last successful store wins.
+pub async fn reload(state: &AppState) -> Reloaded {
+    let Some(path) = state.config_path.clone() else {
+        return Reloaded::Unchanged;
+    };
+    let old = state.runtime();
+    let built = tokio::task::spawn_blocking(move || {
+        let loaded = crate::config::load(&path)
+            .map_err(|ps| ps.iter().map(|p| p.to_string()).collect::<Vec<_>>())?;
+        Runtime::build(loaded, Some(&old)).map_err(|e| vec![e])
+    })
+    .await
+    .unwrap_or_else(|e| Err(vec![format!("reload task failed: {e}")]));
+    match built {
+        Err(problems) => {
+            crate::metrics::RELOADS.with_label_values(&["failed"]).inc();
+            for p in &problems {
+                tracing::error!(problem = %p, "config reload refused; the running config stays");
+            }
+            emit(state, "config.reload_failed", json!({"problems": problems})).await;
+            Reloaded::Refused(problems)
+        }
+        Ok(rt) => {
+            let version = rt.version.clone();
+            if version == state.runtime().version {
+                return Reloaded::Unchanged;
+            }
+            if let Some(h) = LOG_FILTER.get() {
+                if let Ok(f) = tracing_subscriber::EnvFilter::try_new(&rt.config.logging.level) {
+                    let _ = h.reload(f);
+                }
+            }
+            state.runtime.store(Arc::new(rt));
+            crate::metrics::RELOADS.with_label_values(&["ok"]).inc();
+            crate::metrics::set_config_version(&version);
+            if let Err(e) = state.record_coefficient_versions().await {
+                tracing::warn!(error = %e, "could not record coefficient versions after reload");
+            }
+            tracing::info!(version = %version, "config reloaded");
+            emit(state, "config.reloaded", json!({"version": version})).await;
+            Reloaded::Swapped { version }
+        }
+    }
+}
+
+async fn emit(state: &AppState, name: &str, data: serde_json::Value) {
+    let rt = state.runtime();
+    for t in rt.tenants.keys() {
+        if let Err(e) = state
+            .store
+            .enqueue_events(
+                *t,
+                &[EventWrite {
+                    name: name.into(),
+                    data: data.clone(),
+                }],
+            )
+            .await
+        {
+            tracing::warn!(error = %e, event = name, "could not queue config event");
+        }
+    }
+}
+
+/// Fingerprint of every file the config was built from (content, not mtime).
+fn fingerprint(files: &[PathBuf]) -> String {
+    let mut h = Sha256::new();
+    for f in files {
+        h.update(f.to_string_lossy().as_bytes());
+        h.update(std::fs::read(f).unwrap_or_default());
+    }
+    hex::encode(h.finalize())
+}
+
+/// Spawns the SIGHUP handler and the directory watcher. Both funnel into one
+/// debounced reload loop.
+pub fn spawn(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = tx.try_send(());
+            }
+        });
+    }
+    let watch_enabled = state.runtime().config.service.watch && state.config_path.is_some();
+    let mut watcher_holder = None;
+    if watch_enabled {
+        let tx = tx.clone();
+        let handler = move |res: notify::Result<notify::Event>| {
+            if res.is_ok() {
+                let _ = tx.try_send(());
+            }
+        };
+        match notify::recommended_watcher(handler) {
+            Ok(mut w) => {
+                let dirs: BTreeSet<PathBuf> = state
+                    .runtime()
+                    .files
+                    .iter()
+                    .filter_map(|f| {
+                        f.parent().map(|p| {
+                            if p.as_os_str().is_empty() {
+                                PathBuf::from(".")
+                            } else {
+                                p.to_path_buf()
+                            }
+                        })
+                    })
+                    .collect();
+                for d in dirs {
+                    if let Err(e) = w.watch(&d, RecursiveMode::NonRecursive) {
+                        tracing::warn!(dir = %d.display(), error = %e, "cannot watch config directory; SIGHUP still reloads");
+                    }
+                }
+                watcher_holder = Some(w);
+            }
+            Err(e) => tracing::warn!(error = %e, "file watching unavailable; SIGHUP still reloads"),
+        }
+    }
+    tokio::spawn(async move {
+        let _keep = watcher_holder;
+        // A config that was refused is not re-validated until its files change.
+        let mut last_refused: Option<String> = None;
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                got = rx.recv() => if got.is_none() { break },
+            }
+            // Debounce: editors and ConfigMap swaps touch several files at once.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            while rx.try_recv().is_ok() {}
+            let fp = fingerprint(&state.runtime().files);
+            if last_refused.as_deref() == Some(fp.as_str()) {
+                continue;
+            }
+            last_refused = match reload(&state).await {
+                Reloaded::Refused(_) => Some(fp),
+                _ => None,
+            };
+        }
+    });
+}

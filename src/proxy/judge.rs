@@ -1,0 +1,238 @@
+//! The records of one proxied request judged as one batch: the state basis read in bulk
+//! (one query for the traces, one for the source's record), the cached kernel per record, and
+//! every receipt committed in one transaction with the rows that say what the gate did with
+//! the records (journal and quarantine). The kernel decides; nothing here is policy.
+
+use crate::engine::receipt_content;
+use crate::kernel::policy::CompiledPolicy;
+use crate::kernel::types::*;
+use crate::kernel::{KernelInput, KernelOutput, NormalizedSignal, StateBasis};
+use crate::state::AppState;
+use crate::store::{
+    CommittedReceipt, EventWrite, Finish, LifecycleWrite, ReceiptWrite, Stmt, StoreError,
+    TraceWrite,
+};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// How many recent receipts of a source make up its record (as the API's evaluations use).
+const SOURCE_WINDOW: i64 = 20;
+
+/// One record's decision, before its receipt is committed.
+pub struct Judged {
+    pub input: KernelInput,
+    pub output: Arc<KernelOutput>,
+    /// Chosen now, so journal and quarantine rows can name it in the same transaction.
+    pub receipt_id: Uuid,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JudgeError {
+    #[error("storage unavailable: {0}")]
+    Storage(#[from] StoreError),
+    #[error("kernel unavailable: {0}")]
+    Kernel(String),
+}
+
+/// Evaluates every signal of a request. All signals share the source record read at the start
+/// of the request (it is bound into each receipt as its basis, so replay sees the same). A
+/// trace that is `tombstoned` (its record was deleted through the gate) is judged as new: the
+/// id now names a new record.
+pub async fn judge(
+    state: &AppState,
+    policy: &Arc<CompiledPolicy>,
+    signals: Vec<NormalizedSignal>,
+    mode: EvaluationMode,
+) -> Result<Vec<Judged>, JudgeError> {
+    let Some(first) = signals.first() else {
+        return Ok(Vec::new());
+    };
+    let tenant = first.tenant_id;
+    let mut trace_ids: Vec<Uuid> = signals.iter().map(|s| s.trace_id).collect();
+    trace_ids.sort_unstable();
+    trace_ids.dedup();
+    let traces = state.store.traces_of(tenant, &trace_ids).await?;
+    let mut history: HashMap<String, (u32, u32)> = HashMap::new();
+    for s in &signals {
+        if !history.contains_key(&s.source_id) {
+            let h = state
+                .store
+                .source_history(tenant, &s.source_id, SOURCE_WINDOW)
+                .await?;
+            history.insert(s.source_id.clone(), h);
+        }
+    }
+    let mut out = Vec::with_capacity(signals.len());
+    for signal in signals {
+        let (phase, influence) = match traces.get(&signal.trace_id) {
+            Some((TracePhase::Tombstoned, _)) | None => (None, AllowedInfluence::None),
+            Some((p, i)) => (Some(*p), *i),
+        };
+        let (recent, refused) = history.get(&signal.source_id).copied().unwrap_or((0, 0));
+        let input = KernelInput {
+            basis: StateBasis {
+                trace_id: signal.trace_id,
+                phase,
+                influence,
+                source_recent: recent,
+                source_refused: refused,
+            },
+            signal,
+            profile: policy.profile,
+            mode,
+            equation_bundles: Vec::new(),
+        };
+        // The kernel is pure and total; a panic in it is a fault of this build, and the write
+        // it was judging must not go through unjudged.
+        let output = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            state.cache.evaluate(&input, policy)
+        }))
+        .map_err(|p| {
+            JudgeError::Kernel(
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "kernel panicked".into()),
+            )
+        })?;
+        crate::metrics::DECISIONS
+            .with_label_values(&[
+                output.decision.as_str(),
+                input.signal.target_substrate.as_str(),
+            ])
+            .inc();
+        out.push(Judged {
+            input,
+            output,
+            receipt_id: Uuid::new_v4(),
+        });
+    }
+    Ok(out)
+}
+
+/// Whether a decision refuses the write (it counts against the source's record).
+pub fn refuses(d: RuntimeDecision) -> bool {
+    matches!(
+        d,
+        RuntimeDecision::Block
+            | RuntimeDecision::Escalate
+            | RuntimeDecision::Quarantine
+            | RuntimeDecision::RequireReview
+            | RuntimeDecision::Defer
+            | RuntimeDecision::Repair
+    )
+}
+
+/// Commits the receipts of a judged batch (kind `proxy_write`), their signals and `extra`
+/// rows in one transaction. `contexts[i]` is bound into receipt `i` as its `context`.
+pub async fn commit(
+    state: &AppState,
+    policy: &CompiledPolicy,
+    judged: &[Judged],
+    kind: &'static str,
+    contexts: Vec<Value>,
+    extra: Vec<Stmt>,
+) -> Result<Vec<CommittedReceipt>, StoreError> {
+    let Some(first) = judged.first() else {
+        if !extra.is_empty() {
+            state.store.run_statements(extra).await?;
+        }
+        return Ok(Vec::new());
+    };
+    let tenant = first.input.signal.tenant_id;
+    let mut signals = Vec::with_capacity(judged.len());
+    let mut writes = Vec::with_capacity(judged.len());
+    for (j, ctx) in judged.iter().zip(contexts) {
+        let out = &j.output;
+        let content = receipt_content(j.receipt_id, &j.input, out, policy, kind, Some(ctx), &[]);
+        let for_events = out.clone();
+        writes.push(ReceiptWrite {
+            tenant,
+            id: j.receipt_id,
+            kind: kind.into(),
+            signal_id: Some(j.input.signal.id),
+            source_id: Some(j.input.signal.source_id.clone()),
+            refused: refuses(out.decision),
+            decision: out.decision.as_str().into(),
+            outcome: out.outcome.as_str().into(),
+            idem_key: None,
+            content,
+            trace: out.transition.enforced.then(|| TraceWrite {
+                id: out.trace.id,
+                phase: out.next_phase,
+                influence: out.next_influence,
+                trace_type: out.trace.trace_type.clone(),
+            }),
+            obstruction: out.obstruction.as_ref().map(|o| LifecycleWrite {
+                id: o.id,
+                status: o.status.as_str().into(),
+                body: json!(o),
+                parent: None,
+            }),
+            repair_plan: out.repair_plan.as_ref().map(|r| LifecycleWrite {
+                id: r.id,
+                status: r.status.as_str().into(),
+                body: json!(r),
+                parent: Some(r.obstruction_id),
+            }),
+            finish: Box::new(move |sealed| Finish {
+                result: None,
+                events: events_for(&for_events, sealed.receipt_id, sealed.replay_hash),
+            }),
+        });
+        signals.push(j.input.signal.clone());
+    }
+    state
+        .store
+        .commit_receipts(tenant, &signals, writes, extra)
+        .await
+}
+
+/// The events a proxied decision causes: the same names and data as an API evaluation's.
+fn events_for(out: &KernelOutput, receipt_id: Uuid, replay_hash: &str) -> Vec<EventWrite> {
+    let receipt = json!(ReceiptRef {
+        id: receipt_id,
+        replay_hash: Some(replay_hash.to_string()),
+        decision: Some(out.decision),
+    });
+    let signal_id = out.governed_signal.substrate_signal_id;
+    let mut v = vec![
+        EventWrite {
+            name: "signal.evaluated".into(),
+            data: json!({"signalId": signal_id, "decision": out.decision, "outcome": out.outcome, "receipt": receipt}),
+        },
+        EventWrite {
+            name: "receipt.created".into(),
+            data: receipt.clone(),
+        },
+    ];
+    match out.decision {
+        RuntimeDecision::Block | RuntimeDecision::Escalate => v.push(EventWrite {
+            name: "signal.blocked".into(),
+            data: json!({"signalId": signal_id, "decision": out.decision, "reasonCodes": out.reason_codes, "receipt": receipt}),
+        }),
+        RuntimeDecision::Quarantine
+        | RuntimeDecision::RequireReview
+        | RuntimeDecision::Defer
+        | RuntimeDecision::Repair => v.push(EventWrite {
+            name: "signal.quarantined".into(),
+            data: json!({"signalId": signal_id, "decision": out.decision, "reasonCodes": out.reason_codes, "receipt": receipt}),
+        }),
+        _ => {}
+    }
+    if let Some(o) = &out.obstruction {
+        v.push(EventWrite {
+            name: "obstruction.opened".into(),
+            data: json!({"obstruction": o, "receipt": receipt}),
+        });
+    }
+    if let Some(p) = &out.repair_plan {
+        v.push(EventWrite {
+            name: "repair.proposed".into(),
+            data: json!({"repairPlan": p, "receipt": receipt}),
+        });
+    }
+    v
+}

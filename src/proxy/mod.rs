@@ -1,0 +1,199 @@
+//! The sidecar listener on Pingora. The hooks match a request against the route table and
+//! hand governed requests to their handlers; policy stays in the kernel. One file per hook or
+//! concern:
+//!
+//! - [`request_filter`]: routing: pass-through, treated read ([`read`]) or governed write ([`write`])
+//! - [`body`]: reading a request body whole (cap, time bound, `Expect: 100-continue`)
+//! - [`identity`]: tenant and source from config and headers, never from the body
+//! - [`judge`]: a request's records judged as one batch, receipts committed with journal rows
+//! - [`held`]: the exact single-record requests of held records
+//! - [`answer`]: the `x-integrity-*` headers, the 202 body and the 403 problem
+//! - [`upstream`] and [`relay`]: sending requests ourselves and streaming answers back
+//! - [`problem`]: problem+json answers and `fail_to_proxy`
+//! - [`reconcile`]: start-up reconciliation of journaled writes
+//! - [`release`]: forwarding a released quarantine entry (called by the review API)
+//!
+//! Reads that no pack treats go through Pingora's own forwarding (`upstream_peer`); the
+//! route lookup is the only extra work they get.
+
+pub mod answer;
+pub mod body;
+pub mod held;
+pub mod identity;
+pub mod judge;
+pub mod problem;
+pub mod read;
+pub mod reconcile;
+pub mod relay;
+pub mod release;
+pub mod request_filter;
+pub mod upstream;
+pub mod write;
+
+pub use problem::write_problem;
+pub use write::record_trace_id;
+
+use crate::state::AppState;
+use async_trait::async_trait;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::{RunArgs, Server, ShutdownSignal, ShutdownSignalWatch};
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::Result;
+use pingora_http::RequestHeader;
+use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use std::sync::{Arc, LazyLock};
+use uuid::Uuid;
+
+/// This process, as the journal knows it: start-up reconciliation judges only the rows of
+/// processes that are gone.
+pub static INSTANCE_ID: LazyLock<Uuid> = LazyLock::new(Uuid::new_v4);
+
+pub struct GateProxy {
+    pub state: Arc<AppState>,
+}
+
+/// Per-request state.
+#[derive(Default)]
+pub struct Ctx {
+    /// Set when Pingora's own forwarding picks the upstream (pass-through requests); the
+    /// requests the gate sends itself record their upstream latency where they send.
+    pub started: Option<std::time::Instant>,
+}
+
+#[async_trait]
+impl ProxyHttp for GateProxy {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Self::CTX {
+        Ctx::default()
+    }
+
+    /// Governed writes and treated reads are answered here (`Ok(true)`); everything else
+    /// continues to `upstream_peer`.
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        request_filter::request_filter(self, session, ctx).await
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Self::CTX,
+    ) -> Result<Box<HttpPeer>> {
+        ctx.started = Some(std::time::Instant::now());
+        let rt = self.state.runtime.load();
+        let entry = upstream::peer(&rt.config.upstream)?;
+        Ok(Box::new(entry.1.clone()))
+    }
+
+    /// Pass-through requests get the configured `Host`, when there is one.
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        _ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        let rt = self.state.runtime.load();
+        if let Some(h) = &rt.config.upstream.host_header {
+            upstream_request.insert_header(http::header::HOST, h.as_str())?;
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora_core::Error,
+        _ctx: &mut Self::CTX,
+    ) -> FailToProxy {
+        problem::fail_to_proxy(session, e).await
+    }
+
+    async fn logging(
+        &self,
+        session: &mut Session,
+        _e: Option<&pingora_core::Error>,
+        ctx: &mut Self::CTX,
+    ) {
+        let status = session
+            .response_written()
+            .map(|r| r.status.as_u16())
+            .unwrap_or(0);
+        let class = upstream::status_class(status);
+        crate::metrics::HTTP_REQUESTS
+            .with_label_values(&["proxy", class])
+            .inc();
+        if let Some(t) = ctx.started {
+            crate::metrics::UPSTREAM
+                .with_label_values(&[class])
+                .observe(t.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// The configured upstream as a Pingora peer, with its timeouts (resolved once per config).
+/// Panics never: an address that does not resolve gives a peer for `0.0.0.0:0`, which fails
+/// to connect (a 502).
+pub fn upstream_peer(u: &crate::config::UpstreamConfig) -> HttpPeer {
+    match upstream::peer(u) {
+        Ok(e) => e.1.clone(),
+        Err(_) => HttpPeer::new(
+            std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            false,
+            String::new(),
+        ),
+    }
+}
+
+/// Pingora's shutdown is driven by our own signal handling (one place for SIGTERM).
+struct WatchShutdown(tokio::sync::watch::Receiver<bool>);
+
+#[async_trait]
+impl ShutdownSignalWatch for WatchShutdown {
+    async fn recv(&self) -> ShutdownSignal {
+        let mut rx = self.0.clone();
+        while !*rx.borrow() {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+        ShutdownSignal::GracefulTerminate
+    }
+}
+
+/// Starts the proxy listener on its own threads; returns when it has stopped.
+pub fn run(
+    state: Arc<AppState>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::thread::JoinHandle<()> {
+    let rt = state.runtime();
+    let addr = rt.config.listeners.proxy.clone();
+    let threads = rt.config.listeners.proxy_threads;
+    let grace = rt.config.service.shutdown_timeout_secs;
+    std::thread::Builder::new()
+        .name("proxy".into())
+        .spawn(move || {
+            let conf = ServerConf {
+                threads,
+                grace_period_seconds: Some(0),
+                graceful_shutdown_timeout_seconds: Some(grace),
+                upstream_keepalive_pool_size: 256,
+                ..ServerConf::default()
+            };
+            let mut server = Server::new_with_opt_and_conf(None, conf);
+            server.bootstrap();
+            let mut svc =
+                pingora_proxy::http_proxy_service(&server.configuration, GateProxy { state });
+            if let Some(app) = svc.app_logic_mut() {
+                // non_exhaustive: start from the default and turn on h2c.
+                let mut opts = pingora_core::apps::HttpServerOptions::default();
+                opts.h2c = true;
+                app.server_options = Some(opts);
+            }
+            svc.add_tcp(&addr);
+            server.add_service(svc);
+            server.run(RunArgs {
+                shutdown_signal: Box::new(WatchShutdown(shutdown)),
+            });
+        })
+        .expect("spawning the proxy thread")
+}

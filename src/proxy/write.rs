@@ -1,0 +1,648 @@
+//! A governed write (a `write` or `delete` route), from `request_filter`: read the body whole,
+//! turn each record into one signal, judge the batch, commit every receipt with the journal
+//! rows of the admitted records and the quarantine rows of the held ones (journal before
+//! dispatch), then forward only the admitted records (annotated where the pack says) and
+//! answer: the upstream's answer with `x-integrity-*` headers, 202 when everything was held,
+//! 403 when nothing was admitted and something was refused.
+
+use super::answer::{self, Action, Outcome};
+use super::body::{self, BodyError};
+use super::identity::{self, Source, TenantError};
+use super::judge::{self, JudgeError};
+use super::problem::{write_json, write_problem};
+use super::upstream::{self, SendError};
+use super::{held, GateProxy, INSTANCE_ID};
+use crate::filters::{Record, RouteKind, RouteMatch};
+use crate::kernel::types::*;
+use crate::kernel::NormalizedSignal;
+use crate::state::Runtime;
+use crate::store::{dispatch_rows, quarantine_rows, DispatchWrite, QuarantineWrite};
+use bytes::Bytes;
+use pingora_core::Result;
+use pingora_proxy::Session;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// The trace of a stored record: deterministic in (collection, record id), so a
+/// later read of the record, or the retrieval-filter API naming it by id, finds
+/// it again. One definition for the proxy and the API:
+/// [`crate::kernel::operations::retrieval::record_trace_id`]. Traces are
+/// already scoped by tenant in storage; one gate fronts one upstream.
+pub fn record_trace_id(
+    _tenant: Uuid,
+    _pack: &str,
+    collection: Option<&str>,
+    record_id: &str,
+) -> Uuid {
+    crate::kernel::operations::retrieval::record_trace_id(collection, record_id)
+}
+
+fn fail_open_route(rt: &Runtime, m: &RouteMatch<'_>) -> bool {
+    m.route.fail_open
+        || rt
+            .config
+            .proxy
+            .fail_open_routes
+            .iter()
+            .any(|r| r.split_once('/') == Some((m.route.pack.as_str(), m.route.name.as_str())))
+}
+
+/// Whether a record carries metadata members named like the gate's annotations (a client may
+/// not write them: they are removed before forwarding).
+fn has_annotation(rec: &Record, key: &str) -> bool {
+    rec.metadata
+        .as_ref()
+        .and_then(Value::as_object)
+        .is_some_and(|m| m.keys().any(|k| k.starts_with(key)))
+}
+
+pub async fn handle(
+    proxy: &GateProxy,
+    session: &mut Session,
+    rt: Arc<Runtime>,
+    m: RouteMatch<'_>,
+) -> Result<bool> {
+    let cfg = &rt.config;
+    let route = m.route;
+    let started = std::time::Instant::now();
+
+    let body = match body::read_whole(
+        session,
+        cfg.limits.proxy_body_bytes,
+        Duration::from_millis(cfg.limits.body_timeout_ms),
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(BodyError::TooLarge(limit)) => {
+            let detail = format!(
+                "request body exceeds the limit of {limit} bytes; nothing was sent to the store"
+            );
+            write_problem(session, 413, "payload_too_large", &detail, Value::Null, &[]).await?;
+            return Ok(true);
+        }
+        Err(BodyError::Timeout) => {
+            let detail = "the request body was not received in time; nothing was sent to the store";
+            write_problem(session, 408, "request_timeout", detail, Value::Null, &[]).await?;
+            return Ok(true);
+        }
+        Err(BodyError::Read(e)) => return Err(e),
+    };
+
+    let fail_open = fail_open_route(&rt, &m);
+    let tenant = match identity::tenant_of(&cfg.proxy, &rt, &session.req_header().headers) {
+        Ok(t) => t,
+        Err(TenantError::Unknown(t)) => {
+            let detail = format!("no configured tenant {t:?} governs this request");
+            write_problem(session, 403, "tenant_unknown", &detail, Value::Null, &[]).await?;
+            return Ok(true);
+        }
+        Err(TenantError::NotConfigured) => {
+            return unavailable(
+                session,
+                &rt,
+                body,
+                fail_open,
+                "no tenant governs proxied writes (set proxy.tenant or proxy.tenant_header)",
+            )
+            .await;
+        }
+    };
+    let Some(tenant_rt) = rt.tenant(tenant) else {
+        return unavailable(
+            session,
+            &rt,
+            body,
+            fail_open,
+            "the tenant is not configured",
+        )
+        .await;
+    };
+    let policy = tenant_rt.policy.clone();
+    let mode = policy.mode;
+    let (Some(substrate), Some(mutation)) = (
+        TargetSubstrate::parse(&route.substrate),
+        route.mutation.as_deref().and_then(ProposedMutation::parse),
+    ) else {
+        return unavailable(
+            session,
+            &rt,
+            body,
+            fail_open,
+            "the route's substrate or mutation is unknown to the kernel",
+        )
+        .await;
+    };
+
+    // The body, as the pack describes it. A body that does not have that shape is the
+    // client's mistake; nothing is forwarded unread.
+    if crate::api::extract::json_depth(&body) > cfg.limits.json_max_depth {
+        let detail = format!(
+            "JSON nesting is deeper than {} levels",
+            cfg.limits.json_max_depth
+        );
+        write_problem(session, 400, "invalid_body", &detail, Value::Null, &[]).await?;
+        return Ok(true);
+    }
+    let parsed = route
+        .parse_body(&body)
+        .and_then(|v| m.extract_records(&v).map(|r| (v, r)));
+    let (mut value, records) = match parsed {
+        Ok(x) => x,
+        Err(e) => {
+            let detail = format!("{e}; nothing was sent to the store");
+            write_problem(session, 400, "invalid_body", &detail, Value::Null, &[]).await?;
+            return Ok(true);
+        }
+    };
+    let collection = m.collection(&value);
+    let source = identity::source_of(&cfg.proxy, &session.req_header().headers);
+    let request_id = Uuid::new_v4();
+    let observed = crate::store::now();
+    let signals: Vec<NormalizedSignal> = records
+        .iter()
+        .map(|r| {
+            record_signal(
+                tenant,
+                &route.pack,
+                collection.as_deref(),
+                substrate,
+                mutation,
+                &source,
+                r,
+                &observed,
+            )
+        })
+        .collect();
+
+    let judged = match judge::judge(&proxy.state, &policy, signals, mode).await {
+        Ok(j) => j,
+        Err(e) => {
+            tracing::error!(error = %e, route = %format!("{}/{}", route.pack, route.name), "proxied write not judged");
+            return unavailable(
+                session,
+                &rt,
+                body,
+                fail_open,
+                match e {
+                    JudgeError::Storage(_) => {
+                        "storage is unavailable; nothing was sent to the store"
+                    }
+                    JudgeError::Kernel(_) => {
+                        "the integrity kernel is unavailable; nothing was sent to the store"
+                    }
+                },
+            )
+            .await;
+        }
+    };
+
+    // Decisions to actions; the admitted records with the annotation they carry.
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(judged.len());
+    let mut admitted: Vec<(usize, Option<Map<String, Value>>)> = Vec::new();
+    let mut held_idx: Vec<usize> = Vec::new();
+    for (rec, j) in records.iter().zip(&judged) {
+        let out = &j.output;
+        let action = answer::action_for(out.decision, mode);
+        let quarantine = (action == Action::Held).then(Uuid::new_v4);
+        match action {
+            Action::Forwarded => admitted.push((rec.index, None)),
+            Action::Annotated => {
+                let mut note = Map::new();
+                note.insert("decision".into(), json!(out.decision));
+                note.insert("receipt".into(), json!(j.receipt_id));
+                admitted.push((rec.index, Some(note)));
+            }
+            Action::Held => held_idx.push(rec.index),
+            Action::Blocked => {}
+        }
+        outcomes.push(Outcome {
+            index: rec.index,
+            id: rec.id.clone(),
+            decision: out.decision,
+            action,
+            receipt: j.receipt_id,
+            obstruction: out.obstruction.as_ref().map(|o| o.id),
+            reasons: out.reason_codes.clone(),
+            quarantine,
+        });
+    }
+
+    // The exact requests of the held records, then the admitted request, both before anything
+    // is committed: a body the rewrite refuses is a 400 with nothing recorded as done.
+    let held_bodies = match held::single_record_bodies(route, &mut value, &held_idx) {
+        Ok(b) => b,
+        Err(e) => {
+            write_problem(
+                session,
+                400,
+                "invalid_body",
+                &e.to_string(),
+                Value::Null,
+                &[],
+            )
+            .await?;
+            return Ok(true);
+        }
+    };
+    let forward_all_as_sent = mode == EvaluationMode::Shadow
+        || (admitted.len() == records.len()
+            && admitted.iter().all(|(_, n)| n.is_none() || !route.annotate)
+            && !(route.annotate
+                && records
+                    .iter()
+                    .any(|r| has_annotation(r, &route.annotation_key))));
+    let forward_body: Option<Bytes> = if admitted.is_empty() {
+        None
+    } else if forward_all_as_sent {
+        Some(body.clone())
+    } else {
+        match route.rewrite_admitted_in_place(&mut value, &admitted) {
+            Ok(()) => Some(Bytes::from(route.serialize_body(&value))),
+            Err(e) => {
+                write_problem(
+                    session,
+                    400,
+                    "invalid_body",
+                    &e.to_string(),
+                    Value::Null,
+                    &[],
+                )
+                .await?;
+                return Ok(true);
+            }
+        }
+    };
+
+    let req = session.req_header();
+    let path = req
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| req.uri.path().to_string());
+    let params: Vec<(String, String)> = m
+        .params
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let mut extra = Vec::new();
+    if forward_body.is_some() {
+        let creds = identity::credential_headers(&req.headers);
+        let rows: Vec<DispatchWrite> = outcomes
+            .iter()
+            .zip(&judged)
+            .filter(|(o, _)| o.action.forwards())
+            .map(|(o, j)| DispatchWrite {
+                id: Uuid::new_v4(),
+                tenant,
+                request_id,
+                instance_id: *INSTANCE_ID,
+                receipt_id: o.receipt,
+                trace_id: j.input.signal.trace_id,
+                pack: route.pack.clone(),
+                route: route.name.clone(),
+                kind: route.kind.as_str().to_string(),
+                params: params.clone(),
+                collection: collection.clone(),
+                record_id: o.id.clone(),
+                upstream_headers: creds.clone(),
+            })
+            .collect();
+        extra.push(dispatch_rows(&rows));
+    }
+    if !held_idx.is_empty() {
+        let headers: Vec<(String, String)> = upstream::end_to_end_headers(&req.headers)
+            .into_iter()
+            .filter_map(|(n, v)| v.to_str().ok().map(|v| (n.to_string(), v.to_string())))
+            .collect();
+        let rows: Vec<QuarantineWrite> = outcomes
+            .iter()
+            .zip(&judged)
+            .filter(|(o, _)| o.action == Action::Held)
+            .zip(held_bodies)
+            .map(|((o, j), b)| QuarantineWrite {
+                id: o.quarantine.unwrap_or_else(Uuid::new_v4),
+                tenant,
+                decision: o.decision.as_str().into(),
+                reason_codes: o.reasons.clone(),
+                receipt_id: o.receipt,
+                signal_id: j.input.signal.id,
+                trace_id: j.input.signal.trace_id,
+                obstruction_id: o.obstruction,
+                source_id: source.source_id.clone(),
+                pack: route.pack.clone(),
+                route: route.name.clone(),
+                params: params.clone(),
+                collection: collection.clone(),
+                record_id: o.id.clone(),
+                record_index: o.index,
+                method: req.method.as_str().to_string(),
+                path: path.clone(),
+                headers: headers.clone(),
+                body: String::from_utf8_lossy(&route.serialize_body(&b)).into_owned(),
+            })
+            .collect();
+        extra.push(quarantine_rows(&rows));
+    }
+    let contexts: Vec<Value> = outcomes
+        .iter()
+        .map(|o| {
+            json!({
+                "proxy": {
+                    "requestId": request_id,
+                    "pack": route.pack,
+                    "route": route.name,
+                    "method": req.method.as_str(),
+                    "collection": collection,
+                    "recordId": o.id,
+                    "recordIndex": o.index,
+                    "action": o.action.as_str(),
+                    "source": {"matchedBy": source.matched_by},
+                }
+            })
+        })
+        .collect();
+
+    // Journal before dispatch: receipts, journal and quarantine rows are durable first.
+    if let Err(e) = judge::commit(
+        &proxy.state,
+        &policy,
+        &judged,
+        "proxy_write",
+        contexts,
+        extra,
+    )
+    .await
+    {
+        tracing::error!(error = %e, "proxied write not journaled");
+        return unavailable(
+            session,
+            &rt,
+            body,
+            fail_open,
+            "storage is unavailable; nothing was sent to the store",
+        )
+        .await;
+    }
+    let headers = answer::headers(&outcomes, mode);
+    tracing::debug!(
+        route = %format!("{}/{}", route.pack, route.name),
+        records = outcomes.len(),
+        forwarded = admitted.len(),
+        held = held_idx.len(),
+        judged_in_us = started.elapsed().as_micros() as u64,
+        "proxied write judged"
+    );
+    let refused = outcomes.iter().filter(|o| !o.action.forwards()).count() as u64;
+    crate::metrics::PROXY_RECORDS
+        .with_label_values(&["forwarded"])
+        .inc_by(admitted.len() as u64);
+    crate::metrics::PROXY_RECORDS
+        .with_label_values(&["held"])
+        .inc_by(held_idx.len() as u64);
+    crate::metrics::PROXY_RECORDS
+        .with_label_values(&["blocked"])
+        .inc_by(refused - held_idx.len() as u64);
+
+    let Some(forward_body) = forward_body else {
+        if outcomes.iter().any(|o| o.action == Action::Blocked) {
+            let (detail, extra) = answer::blocked_problem(&outcomes);
+            write_problem(session, 403, "integrity_blocked", &detail, extra, &headers).await?;
+        } else if outcomes.is_empty() {
+            // Not reachable: an empty batch forwards as sent.
+            write_json(session, 202, "application/json", b"{}".to_vec(), &headers).await?;
+        } else {
+            write_json(
+                session,
+                202,
+                "application/json",
+                answer::held_body(&outcomes),
+                &headers,
+            )
+            .await?;
+        }
+        return Ok(true);
+    };
+
+    let tombstones: Vec<Uuid> = if route.kind == RouteKind::Delete
+        && !matches!(mode, EvaluationMode::Shadow | EvaluationMode::Advisory)
+    {
+        outcomes
+            .iter()
+            .zip(&judged)
+            .filter(|(o, _)| o.action.forwards() && o.id.is_some())
+            .map(|(_, j)| j.input.signal.trace_id)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let settle = Settle {
+        request_id: Some(request_id),
+        tenant,
+        tombstones,
+    };
+    let store = Some(proxy.state.store.clone());
+    forward(session, &rt, store, forward_body, &headers, settle).await
+}
+
+/// One record's signal: its text (or metadata), the route's substrate and mutation, and the
+/// caller's identity from config. The trace is the record's (by id) or a new one.
+#[allow(clippy::too_many_arguments)]
+pub fn record_signal(
+    tenant: Uuid,
+    pack: &str,
+    collection: Option<&str>,
+    substrate: TargetSubstrate,
+    mutation: ProposedMutation,
+    source: &Source,
+    rec: &Record,
+    observed_at: &str,
+) -> NormalizedSignal {
+    let id = Uuid::new_v4();
+    let region = rec
+        .id
+        .as_deref()
+        .map(|rid| record_trace_id(tenant, pack, collection, rid));
+    let payload = rec.signal_text().into_owned();
+    let payload_digest = crate::receipts::sha256_hex(payload.as_bytes());
+    NormalizedSignal {
+        id,
+        tenant_id: tenant,
+        product_surface: ProductSurface::Generic,
+        source_type: source.source_type,
+        source_id: source.source_id.clone(),
+        source_trust_level: source.trust,
+        source_authority_level: source.authority,
+        authority_ceiling_applied: false,
+        target_substrate: substrate,
+        target_region_id: region,
+        trace_id: region.unwrap_or(id),
+        proposed_mutation: mutation,
+        event_type: None,
+        payload,
+        payload_digest,
+        payload_summary: None,
+        raw_payload_ref: None,
+        authority_claim: None,
+        evidence_refs: Vec::new(),
+        observed_at: Some(observed_at.to_string()),
+        metadata: rec
+            .metadata
+            .as_ref()
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default(),
+    }
+}
+
+/// Storage or the kernel is down (or the gate cannot name a tenant): fail closed with 503,
+/// unless the route is configured to fail open, then forward the request as it came,
+/// unjudged and unjournaled, saying so in `x-integrity-decision: unevaluated`.
+async fn unavailable(
+    session: &mut Session,
+    rt: &Arc<Runtime>,
+    body: Bytes,
+    fail_open: bool,
+    detail: &str,
+) -> Result<bool> {
+    if !fail_open {
+        crate::metrics::PROXY_RECORDS
+            .with_label_values(&["failed_closed"])
+            .inc();
+        write_problem(
+            session,
+            503,
+            "unavailable",
+            detail,
+            Value::Null,
+            &[("retry-after", "1".into())],
+        )
+        .await?;
+        return Ok(true);
+    }
+    tracing::warn!(
+        detail,
+        "forwarding a write unevaluated: its route fails open"
+    );
+    crate::metrics::PROXY_RECORDS
+        .with_label_values(&["failed_open"])
+        .inc();
+    let headers = [("x-integrity-decision", "unevaluated".to_string())];
+    let settle = Settle {
+        request_id: None,
+        tenant: Uuid::nil(),
+        tombstones: Vec::new(),
+    };
+    forward(session, rt, None, body, &headers, settle).await
+}
+
+/// What to record once the upstream has answered.
+pub(super) struct Settle {
+    request_id: Option<Uuid>,
+    tenant: Uuid,
+    tombstones: Vec<Uuid>,
+}
+
+/// Sends the (rewritten) request upstream and streams the answer back with the gate's headers;
+/// then records the upstream's status in the journal (off the answer's path) and tombstones
+/// the traces of confirmed deletes.
+pub(super) async fn forward(
+    session: &mut Session,
+    rt: &Arc<Runtime>,
+    state_store: Option<Arc<crate::store::Store>>,
+    body: Bytes,
+    headers: &[(&str, String)],
+    settle: Settle,
+) -> Result<bool> {
+    let req = session.req_header();
+    let path = req
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/")
+        .to_string();
+    let up_headers = upstream::end_to_end_headers(&req.headers);
+    let method = req.method.clone();
+    let result = match upstream::peer(&rt.config.upstream) {
+        Err(e) => Err(SendError {
+            error: e,
+            maybe_applied: false,
+        }),
+        Ok(entry) => {
+            let request = upstream::build_request(
+                &method,
+                &path,
+                &up_headers,
+                body.len(),
+                &rt.config.upstream,
+            )?;
+            upstream::send(&upstream::PROXY, &entry.1, &request, &body)
+                .await
+                .map(|a| (a, entry))
+        }
+    };
+    match result {
+        Err(SendError {
+            error,
+            maybe_applied,
+        }) => {
+            let (status, code, detail) = upstream::failure_status(&error);
+            tracing::warn!(error = %error, maybe_applied, "upstream failed a proxied write");
+            crate::metrics::UPSTREAM
+                .with_label_values(&["none"])
+                .observe(0.0);
+            if let (Some(rid), Some(store)) = (settle.request_id, state_store) {
+                let verdict = if maybe_applied {
+                    "dispatch_unknown"
+                } else {
+                    "failed"
+                };
+                let err = error.to_string();
+                tokio::spawn(async move {
+                    if let Err(e) = store.settle_dispatch(rid, verdict, None, Some(&err)).await {
+                        tracing::error!(error = %e, "journal: could not record a failed dispatch");
+                    }
+                });
+            }
+            write_problem(session, status, code, &detail, Value::Null, headers).await?;
+            Ok(true)
+        }
+        Ok((mut answer, entry)) => {
+            let status = answer.status();
+            let broken = super::relay::relay(session, &mut answer, headers).await?;
+            if let (Some(rid), Some(store)) = (settle.request_id, state_store.clone()) {
+                let verdict = if (200..300).contains(&status) {
+                    "completed"
+                } else {
+                    "rejected"
+                };
+                tokio::spawn(async move {
+                    if let Err(e) = store
+                        .settle_dispatch(rid, verdict, Some(status), None)
+                        .await
+                    {
+                        tracing::error!(error = %e, "journal: could not record the upstream's answer");
+                    }
+                });
+            }
+            if (200..300).contains(&status) && !settle.tombstones.is_empty() {
+                if let Some(store) = state_store {
+                    let (tenant, ids) = (settle.tenant, settle.tombstones);
+                    tokio::spawn(async move {
+                        if let Err(e) = store.tombstone_traces(tenant, &ids).await {
+                            tracing::error!(error = %e, "could not tombstone the traces of deleted records");
+                        }
+                    });
+                }
+            }
+            if let Some(e) = broken {
+                return Err(e.into_up());
+            }
+            session.write_response_body(None, true).await?;
+            answer.release(&upstream::PROXY, &entry.1).await;
+            Ok(true)
+        }
+    }
+}

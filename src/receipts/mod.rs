@@ -1,0 +1,225 @@
+//! Receipts: hash-bound proof objects. A receipt's content is canonicalized
+//! with RFC 8785 (JCS) and hashed with sha256 (`replay_hash`); each binds the
+//! previous receipt's hash of the same tenant, forming a chain. This module is
+//! pure: building content, hashing, naming which field changed, walking a chain.
+
+pub mod replay;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// Hash that the first receipt of a tenant binds as its predecessor.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// RFC 8785 canonical JSON of a value.
+pub fn canonical_json(v: &Value) -> Result<String, serde_json::Error> {
+    serde_json_canonicalizer::to_string(v)
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// sha256 of the canonical JSON of `v`.
+pub fn hash_value(v: &Value) -> String {
+    sha256_hex(canonical_json(v).unwrap_or_default().as_bytes())
+}
+
+/// Digest of each top-level field of the content, kept beside the receipt so
+/// a replay can name the field that was altered, not just say that one was.
+pub fn field_digests(content: &Map<String, Value>) -> Map<String, Value> {
+    content
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(hash_value(v))))
+        .collect()
+}
+
+/// Fields whose digest differs between what was recorded and what is stored now.
+pub fn changed_fields(content: &Map<String, Value>, recorded: &Map<String, Value>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (k, v) in content {
+        match recorded.get(k).and_then(Value::as_str) {
+            Some(d) if d == hash_value(v) => {}
+            _ => out.push(k.clone()),
+        }
+    }
+    for k in recorded.keys() {
+        if !content.contains_key(k) {
+            out.push(k.clone());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// One receipt as the chain sees it.
+#[derive(Debug, Clone)]
+pub struct ChainLink {
+    pub id: String,
+    pub seq: i64,
+    pub replay_hash: String,
+    pub prev_hash: String,
+    pub payload: String,
+}
+
+/// The first broken link of a chain, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokenLink {
+    pub seq: i64,
+    pub receipt_id: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for BrokenLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "receipt {} (sequence {}): {}",
+            self.receipt_id, self.seq, self.reason
+        )
+    }
+}
+
+/// Walks links in sequence order starting after (`prev_seq`, `prev_hash`).
+/// Returns the new tip, or the first broken link.
+pub fn verify_links(
+    prev_seq: i64,
+    prev_hash: &str,
+    links: &[ChainLink],
+) -> Result<(i64, String), BrokenLink> {
+    let mut seq = prev_seq;
+    let mut hash = prev_hash.to_string();
+    for l in links {
+        let broken = |reason: String| BrokenLink {
+            seq: l.seq,
+            receipt_id: l.id.clone(),
+            reason,
+        };
+        if l.seq != seq + 1 {
+            return Err(broken(format!(
+                "sequence gap: expected {}, found {}",
+                seq + 1,
+                l.seq
+            )));
+        }
+        let content: Value = serde_json::from_str(&l.payload)
+            .map_err(|e| broken(format!("stored content is not JSON: {e}")))?;
+        let actual = hash_value(&content);
+        if actual != l.replay_hash {
+            return Err(broken(format!(
+                "content hash {actual} does not match replay_hash {}",
+                l.replay_hash
+            )));
+        }
+        if l.prev_hash != hash
+            || content.get("previousHash").and_then(Value::as_str) != Some(hash.as_str())
+        {
+            return Err(broken(format!(
+                "does not bind the previous receipt's hash {hash}"
+            )));
+        }
+        if content.get("sequence").and_then(Value::as_i64) != Some(l.seq) {
+            return Err(broken(
+                "content sequence differs from the stored sequence".into(),
+            ));
+        }
+        seq = l.seq;
+        hash = l.replay_hash.clone();
+    }
+    Ok((seq, hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// RFC 8785 section 3.2.2 / appendix examples: key order, number forms, escapes.
+    #[test]
+    fn canonical_json_matches_rfc8785_examples() {
+        let v: Value = serde_json::from_str(
+            r#"{"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001], "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/", "literals": [null, true, false]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            canonical_json(&v).unwrap(),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+        let sorted: Value = serde_json::from_str(r#"{"\u20ac": "Euro Sign", "\r": "Carriage Return", "\ufb33": "Hebrew Letter Dalet With Dagesh", "1": "One", "\ud83d\ude00": "Emoji: Grinning Face", "\u0080": "Control", "\u00f6": "Latin Small Letter O With Diaeresis"}"#).unwrap();
+        let c = canonical_json(&sorted).unwrap();
+        let order: Vec<&str> = [
+            "\r",
+            "1",
+            "\u{80}",
+            "\u{f6}",
+            "\u{20ac}",
+            "\u{1f600}",
+            "\u{fb33}",
+        ]
+        .to_vec();
+        let mut last = 0;
+        for k in order {
+            let pos = c
+                .find(&format!("\"{}\"", k.replace('\r', "\\r")))
+                .expect("key present");
+            assert!(pos >= last, "key {k:?} out of UTF-16 order in {c}");
+            last = pos;
+        }
+    }
+
+    #[test]
+    fn canonical_form_is_stable_under_key_order_and_number_spelling() {
+        let a: Value =
+            serde_json::from_str(r#"{"b": 1.0, "a": [1e2, -0.0], "c": {"y": 1, "x": 2}}"#).unwrap();
+        let b: Value =
+            serde_json::from_str(r#"{"c": {"x": 2, "y": 1}, "a": [100, 0], "b": 1}"#).unwrap();
+        assert_eq!(canonical_json(&a).unwrap(), canonical_json(&b).unwrap());
+        let once = canonical_json(&a).unwrap();
+        let twice = canonical_json(&serde_json::from_str(&once).unwrap()).unwrap();
+        assert_eq!(once, twice, "canonicalization is idempotent");
+    }
+
+    fn chain(n: i64) -> Vec<ChainLink> {
+        let mut prev = GENESIS_HASH.to_string();
+        (1..=n)
+            .map(|seq| {
+                let content = json!({"sequence": seq, "previousHash": prev, "decision": "allow"});
+                let h = hash_value(&content);
+                let l = ChainLink {
+                    id: format!("r{seq}"),
+                    seq,
+                    replay_hash: h.clone(),
+                    prev_hash: prev.clone(),
+                    payload: content.to_string(),
+                };
+                prev = h;
+                l
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_intact_chain_verifies_and_a_changed_byte_is_found() {
+        let links = chain(5);
+        assert_eq!(verify_links(0, GENESIS_HASH, &links).unwrap().0, 5);
+        let mut bad = links.clone();
+        bad[2].payload = bad[2].payload.replace("allow", "block");
+        let e = verify_links(0, GENESIS_HASH, &bad).unwrap_err();
+        assert_eq!(e.seq, 3);
+        let mut gap = links.clone();
+        gap.remove(1);
+        assert_eq!(verify_links(0, GENESIS_HASH, &gap).unwrap_err().seq, 3);
+    }
+
+    #[test]
+    fn changed_fields_names_the_altered_field() {
+        let content = json!({"decision": "allow", "signal": {"id": "x"}});
+        let rec = field_digests(content.as_object().unwrap());
+        let altered = json!({"decision": "block", "signal": {"id": "x"}});
+        assert_eq!(
+            changed_fields(altered.as_object().unwrap(), &rec),
+            vec!["decision".to_string()]
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! The sidecar's rows: trace state read in bulk (the basis of a batch, retrieval treatment),
+//! the dispatch journal (admitted records, written with their receipts before the upstream is
+//! contacted) and the quarantine (held records and their review). Rows that must commit with
+//! receipts are built here as [`Stmt`]s and handed to [`Store::commit_receipts`].
+
+use super::{now, Bind, Result, Stmt, Store, StoreError};
+use crate::kernel::types::{AllowedInfluence, TracePhase};
+use crate::with_pool;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// Ids per `IN (...)` list.
+const IN_CHUNK: usize = 500;
+
+fn placeholders(from: usize, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("${}", from + i))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One admitted record of a proxied write, as journaled before dispatch.
+#[derive(Debug, Clone)]
+pub struct DispatchWrite {
+    pub id: Uuid,
+    pub tenant: Uuid,
+    pub request_id: Uuid,
+    pub instance_id: Uuid,
+    pub receipt_id: Uuid,
+    pub trace_id: Uuid,
+    pub pack: String,
+    pub route: String,
+    pub kind: String,
+    pub params: Vec<(String, String)>,
+    pub collection: Option<String>,
+    pub record_id: Option<String>,
+    pub upstream_headers: Option<String>,
+}
+
+const DISPATCH_COLUMNS: &[&str] = &[
+    "id",
+    "tenant_id",
+    "request_id",
+    "instance_id",
+    "receipt_id",
+    "trace_id",
+    "pack",
+    "route",
+    "kind",
+    "params",
+    "collection",
+    "record_id",
+    "upstream_headers",
+    "status",
+    "created_at",
+    "updated_at",
+];
+
+/// The journal rows of admitted records, status `pending`.
+pub fn dispatch_rows(rows: &[DispatchWrite]) -> Stmt {
+    let created = now();
+    Stmt::Insert {
+        table: "proxy_dispatches",
+        columns: DISPATCH_COLUMNS,
+        rows: rows
+            .iter()
+            .map(|r| {
+                vec![
+                    Bind::text(r.id.to_string()),
+                    Bind::text(r.tenant.to_string()),
+                    Bind::text(r.request_id.to_string()),
+                    Bind::text(r.instance_id.to_string()),
+                    Bind::text(r.receipt_id.to_string()),
+                    Bind::text(r.trace_id.to_string()),
+                    Bind::text(&r.pack),
+                    Bind::text(&r.route),
+                    Bind::text(&r.kind),
+                    Bind::text(serde_json::to_string(&r.params).unwrap_or_else(|_| "[]".into())),
+                    Bind::opt(r.collection.clone()),
+                    Bind::opt(r.record_id.clone()),
+                    Bind::opt(r.upstream_headers.clone()),
+                    Bind::text("pending"),
+                    Bind::text(&created),
+                    Bind::text(&created),
+                ]
+            })
+            .collect(),
+        suffix: "",
+    }
+}
+
+/// A journaled dispatch whose outcome is not settled (start-up reconciliation).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DispatchRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub request_id: String,
+    pub instance_id: String,
+    pub receipt_id: String,
+    pub trace_id: String,
+    pub pack: String,
+    pub route: String,
+    pub kind: String,
+    pub params: String,
+    pub collection: Option<String>,
+    pub record_id: Option<String>,
+    pub upstream_headers: Option<String>,
+    pub status: String,
+    pub upstream_status: Option<i64>,
+    pub created_at: String,
+}
+
+/// One held record. `body` is the exact single-record request that a release forwards.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct QuarantineRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub status: String,
+    pub decision: String,
+    pub reason_codes: String,
+    pub receipt_id: String,
+    pub signal_id: String,
+    pub trace_id: String,
+    pub obstruction_id: Option<String>,
+    pub source_id: String,
+    pub pack: String,
+    pub route: String,
+    pub params: String,
+    pub collection: Option<String>,
+    pub record_id: Option<String>,
+    pub record_index: i64,
+    pub method: String,
+    pub path: String,
+    pub headers: String,
+    pub body: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub reviewed_at: Option<String>,
+    pub reviewed_by: Option<String>,
+    pub review_receipt_id: Option<String>,
+    pub upstream_status: Option<i64>,
+}
+
+const QUARANTINE_COLUMNS: &str = "id, tenant_id, status, decision, reason_codes, receipt_id, signal_id, trace_id, obstruction_id, source_id, pack, route, params, collection, record_id, record_index, method, path, headers, body, created_at, updated_at, reviewed_at, reviewed_by, review_receipt_id, upstream_status";
+
+/// A held record to store with its receipt.
+#[derive(Debug, Clone)]
+pub struct QuarantineWrite {
+    pub id: Uuid,
+    pub tenant: Uuid,
+    pub decision: String,
+    pub reason_codes: Vec<String>,
+    pub receipt_id: Uuid,
+    pub signal_id: Uuid,
+    pub trace_id: Uuid,
+    pub obstruction_id: Option<Uuid>,
+    pub source_id: String,
+    pub pack: String,
+    pub route: String,
+    pub params: Vec<(String, String)>,
+    pub collection: Option<String>,
+    pub record_id: Option<String>,
+    pub record_index: usize,
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+/// Quarantine rows (status `held`).
+pub fn quarantine_rows(rows: &[QuarantineWrite]) -> Stmt {
+    let created = now();
+    Stmt::Insert {
+        table: "quarantine",
+        columns: &[
+            "id",
+            "tenant_id",
+            "status",
+            "decision",
+            "reason_codes",
+            "receipt_id",
+            "signal_id",
+            "trace_id",
+            "obstruction_id",
+            "source_id",
+            "pack",
+            "route",
+            "params",
+            "collection",
+            "record_id",
+            "record_index",
+            "method",
+            "path",
+            "headers",
+            "body",
+            "created_at",
+            "updated_at",
+        ],
+        rows: rows
+            .iter()
+            .map(|q| {
+                vec![
+                    Bind::text(q.id.to_string()),
+                    Bind::text(q.tenant.to_string()),
+                    Bind::text("held"),
+                    Bind::text(&q.decision),
+                    Bind::text(serde_json::to_string(&q.reason_codes).unwrap_or_default()),
+                    Bind::text(q.receipt_id.to_string()),
+                    Bind::text(q.signal_id.to_string()),
+                    Bind::text(q.trace_id.to_string()),
+                    Bind::opt(q.obstruction_id.map(|o| o.to_string())),
+                    Bind::text(&q.source_id),
+                    Bind::text(&q.pack),
+                    Bind::text(&q.route),
+                    Bind::text(serde_json::to_string(&q.params).unwrap_or_else(|_| "[]".into())),
+                    Bind::opt(q.collection.clone()),
+                    Bind::opt(q.record_id.clone()),
+                    Bind::int(q.record_index as i64),
+                    Bind::text(&q.method),
+                    Bind::text(&q.path),
+                    Bind::text(serde_json::to_string(&q.headers).unwrap_or_else(|_| "[]".into())),
+                    Bind::text(&q.body),
+                    Bind::text(&created),
+                    Bind::text(&created),
+                ]
+            })
+            .collect(),
+        suffix: "",
+    }
+}
+
+/// Moves a quarantine entry from `from` to `to` inside a receipt's transaction; the batch
+/// fails with a conflict (and commits nothing) when the entry is not in `from` any more.
+pub fn quarantine_transition(
+    tenant: Uuid,
+    id: Uuid,
+    from: &str,
+    to: &str,
+    reviewer: &str,
+    review_receipt: Uuid,
+) -> Stmt {
+    let at = now();
+    Stmt::Exec {
+        sql: "UPDATE quarantine SET status = $1, reviewed_at = $2, reviewed_by = $3, review_receipt_id = $4, updated_at = $2 WHERE tenant_id = $5 AND id = $6 AND status = $7".into(),
+        binds: vec![
+            Bind::text(to),
+            Bind::text(at),
+            Bind::text(reviewer),
+            Bind::text(review_receipt.to_string()),
+            Bind::text(tenant.to_string()),
+            Bind::text(id.to_string()),
+            Bind::text(from),
+        ],
+        expect_rows: Some(1),
+    }
+}
+
+impl Store {
+    /// Phase and influence of many traces at once (the basis of a batch); unknown ids are absent.
+    pub async fn traces_of(
+        &self,
+        tenant: Uuid,
+        ids: &[Uuid],
+    ) -> Result<HashMap<Uuid, (TracePhase, AllowedInfluence)>> {
+        let mut out = HashMap::with_capacity(ids.len());
+        let tenant_s = tenant.to_string();
+        for chunk in ids.chunks(IN_CHUNK) {
+            let sql = format!(
+                "SELECT id, phase, influence FROM traces WHERE tenant_id = $1 AND id IN ({})",
+                placeholders(2, chunk.len())
+            );
+            let rows: Vec<(String, String, String)> = with_pool!(self, read, |p, _d| {
+                let mut q = sqlx::query_as(&sql).bind(&tenant_s);
+                for id in chunk {
+                    q = q.bind(id.to_string());
+                }
+                q.fetch_all(p).await?
+            });
+            for (id, ph, inf) in rows {
+                let id = Uuid::parse_str(&id)
+                    .map_err(|_| StoreError::Corrupt(format!("trace id {id:?}")))?;
+                let ph = TracePhase::parse(&ph)
+                    .ok_or_else(|| StoreError::Corrupt(format!("trace phase {ph:?}")))?;
+                let inf = AllowedInfluence::parse(&inf)
+                    .ok_or_else(|| StoreError::Corrupt(format!("trace influence {inf:?}")))?;
+                out.insert(id, (ph, inf));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Marks the traces of deleted records `tombstoned` (the upstream confirmed the delete).
+    pub async fn tombstone_traces(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
+        let tenant_s = tenant.to_string();
+        let at = now();
+        for chunk in ids.chunks(IN_CHUNK) {
+            let sql = format!(
+                "UPDATE traces SET phase = 'tombstoned', influence = 'none', updated_at = $2 WHERE tenant_id = $1 AND id IN ({})",
+                placeholders(3, chunk.len())
+            );
+            with_pool!(self, write, |p, _d| {
+                let mut q = sqlx::query(&sql).bind(&tenant_s).bind(&at);
+                for id in chunk {
+                    q = q.bind(id.to_string());
+                }
+                q.execute(p).await?;
+            });
+        }
+        Ok(())
+    }
+
+    /// Records the upstream's answer for every still-pending row of a dispatched request.
+    pub async fn settle_dispatch(
+        &self,
+        request_id: Uuid,
+        status: &str,
+        upstream_status: Option<u16>,
+        detail: Option<&str>,
+    ) -> Result<u64> {
+        Ok(with_pool!(self, write, |p, _d| {
+            sqlx::query("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE request_id = $5 AND status = 'pending'")
+                .bind(status)
+                .bind(upstream_status.map(i64::from))
+                .bind(detail)
+                .bind(now())
+                .bind(request_id.to_string())
+                .execute(p)
+                .await?
+                .rows_affected()
+        }))
+    }
+
+    /// Journal rows of other gate processes (or of this one's predecessors) whose outcome is
+    /// unknown: still `pending`, or already marked `dispatch_unknown`. In (created_at, id)
+    /// order, after the cursor `after` (empty strings for the start).
+    pub async fn unsettled_dispatches(
+        &self,
+        not_instance: Uuid,
+        created_before: &str,
+        after: (&str, &str),
+        limit: i64,
+    ) -> Result<Vec<DispatchRow>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT id, tenant_id, request_id, instance_id, receipt_id, trace_id, pack, route, kind, params, collection, record_id, upstream_headers, status, upstream_status, created_at FROM proxy_dispatches WHERE status IN ('pending', 'dispatch_unknown') AND instance_id <> $1 AND created_at < $2 AND (created_at > $3 OR (created_at = $3 AND id > $4)) ORDER BY created_at, id LIMIT $5")
+                .bind(not_instance.to_string())
+                .bind(created_before)
+                .bind(after.0)
+                .bind(after.1)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        }))
+    }
+
+    /// Sets the status of journal rows by id (reconciliation verdicts).
+    pub async fn set_dispatch_status(
+        &self,
+        ids: &[String],
+        status: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        let at = now();
+        for chunk in ids.chunks(IN_CHUNK) {
+            let sql = format!(
+                "UPDATE proxy_dispatches SET status = $1, detail = $2, updated_at = $3 WHERE id IN ({})",
+                placeholders(4, chunk.len())
+            );
+            with_pool!(self, write, |p, _d| {
+                let mut q = sqlx::query(&sql).bind(status).bind(detail).bind(&at);
+                for id in chunk {
+                    q = q.bind(id);
+                }
+                q.execute(p).await?;
+            });
+        }
+        Ok(())
+    }
+
+    /// Journal rows by request (tests and the quarantine release).
+    pub async fn dispatches_of_request(&self, request_id: Uuid) -> Result<Vec<DispatchRow>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT id, tenant_id, request_id, instance_id, receipt_id, trace_id, pack, route, kind, params, collection, record_id, upstream_headers, status, upstream_status, created_at FROM proxy_dispatches WHERE request_id = $1 ORDER BY id")
+                .bind(request_id.to_string())
+                .fetch_all(p)
+                .await?
+        }))
+    }
+
+    pub async fn list_quarantine(
+        &self,
+        tenant: Uuid,
+        status: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<QuarantineRow>> {
+        let sql = format!(
+            "SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE tenant_id = $1 AND ($2 = '' OR status = $2) ORDER BY created_at DESC, id LIMIT $3"
+        );
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(&sql)
+                .bind(tenant.to_string())
+                .bind(status.unwrap_or(""))
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        }))
+    }
+
+    /// The held quarantine entry of a proxied record's signal, if there is one.
+    pub async fn held_quarantine_of_signal(
+        &self,
+        tenant: Uuid,
+        signal_id: Uuid,
+    ) -> Result<Option<Uuid>> {
+        let row: Option<(String,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT id FROM quarantine WHERE tenant_id = $1 AND signal_id = $2 AND status = 'held'")
+                .bind(tenant.to_string())
+                .bind(signal_id.to_string())
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(row.and_then(|(id,)| Uuid::parse_str(&id).ok()))
+    }
+
+    pub async fn get_quarantine(&self, tenant: Uuid, id: Uuid) -> Result<Option<QuarantineRow>> {
+        let sql =
+            format!("SELECT {QUARANTINE_COLUMNS} FROM quarantine WHERE tenant_id = $1 AND id = $2");
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(&sql)
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    /// Moves a quarantine entry on after a release was attempted: `released` when the upstream
+    /// took it, back to `held` (so it can be released again) when it did not.
+    pub async fn settle_release(
+        &self,
+        tenant: Uuid,
+        id: Uuid,
+        status: &str,
+        upstream_status: Option<u16>,
+    ) -> Result<()> {
+        with_pool!(self, write, |p, _d| {
+            sqlx::query("UPDATE quarantine SET status = $1, upstream_status = $2, updated_at = $3 WHERE tenant_id = $4 AND id = $5 AND status = 'releasing'")
+                .bind(status)
+                .bind(upstream_status.map(i64::from))
+                .bind(now())
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .execute(p)
+                .await?;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,908 @@
+//! Signals, traces, coefficient versions, the receipt chain, obstructions and
+//! repair plans, and the event outbox. A receipt and everything it proves
+//! (trace move, obstruction, plan, events) commit in one transaction.
+
+use super::{now, Result, Store, StoreError};
+use crate::kernel::types::{AllowedInfluence, TracePhase};
+use crate::kernel::NormalizedSignal;
+use crate::receipts::{field_digests, hash_value, ChainLink, GENESIS_HASH};
+use crate::with_pool;
+use serde_json::{Map, Value};
+use uuid::Uuid;
+
+/// Inserts one pending delivery per active subscription of the tenant to the
+/// event, inside the caller's transaction (the outbox). Exported so the
+/// webhook worker can put `delivery.dead_lettered` in the same transaction
+/// that dead-letters a delivery.
+#[macro_export]
+macro_rules! enqueue_event {
+    ($tx:ident, $tenant:expr, $event:expr, $created:expr) => {{
+        let tenant_s = $tenant.to_string();
+        let subs: Vec<(String,)> = sqlx::query_as("SELECT id FROM webhook_subscriptions WHERE tenant_id = $1 AND event_name = $2 AND status = 'active'")
+            .bind(&tenant_s)
+            .bind(&$event.name)
+            .fetch_all(&mut *$tx)
+            .await?;
+        if !subs.is_empty() {
+            let event_id = uuid::Uuid::new_v4();
+            let body = $crate::store::event_body(event_id, $tenant, &$event.name, &$event.data, $created);
+            for (sub,) in subs {
+                sqlx::query(
+                    "INSERT INTO webhook_deliveries (id, tenant_id, subscription_id, event_id, event_name, payload, delivery_status, attempt_count, redrive_count, next_retry_at, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7, $7)",
+                )
+                .bind(uuid::Uuid::new_v4().to_string())
+                .bind(&tenant_s)
+                .bind(&sub)
+                .bind(event_id.to_string())
+                .bind(&$event.name)
+                .bind(&body)
+                .bind($created)
+                .execute(&mut *$tx)
+                .await?;
+            }
+        }
+    }};
+}
+
+/// A state change to commit with a receipt.
+pub struct TraceWrite {
+    pub id: Uuid,
+    pub phase: TracePhase,
+    pub influence: AllowedInfluence,
+    pub trace_type: Option<String>,
+}
+
+/// An event to put in the outbox; one delivery per matching active subscription.
+#[derive(Debug, Clone)]
+pub struct EventWrite {
+    pub name: String,
+    pub data: Value,
+}
+
+/// Rows stored beside a receipt: obstruction / repair plan (id, status, JSON body).
+pub struct LifecycleWrite {
+    pub id: Uuid,
+    pub status: String,
+    pub body: Value,
+    /// For a repair plan: its obstruction.
+    pub parent: Option<Uuid>,
+}
+
+/// What is known once the chain position is fixed, inside the transaction.
+pub struct Sealed<'a> {
+    pub receipt_id: Uuid,
+    pub replay_hash: &'a str,
+    pub seq: i64,
+}
+
+/// Built by the caller once the hash is known: the stored answer (for
+/// idempotent repeats) and the events the receipt causes.
+pub struct Finish {
+    pub result: Option<String>,
+    pub events: Vec<EventWrite>,
+}
+
+pub struct ReceiptWrite {
+    pub tenant: Uuid,
+    pub id: Uuid,
+    pub kind: String,
+    pub signal_id: Option<Uuid>,
+    pub source_id: Option<String>,
+    /// The decision refused the write (counts against the source's record).
+    pub refused: bool,
+    pub decision: String,
+    pub outcome: String,
+    /// Same key, same receipt: a repeated evaluation answers from the store.
+    pub idem_key: Option<String>,
+    /// The bound content without `sequence` / `previousHash` (added here).
+    pub content: Map<String, Value>,
+    pub trace: Option<TraceWrite>,
+    pub obstruction: Option<LifecycleWrite>,
+    pub repair_plan: Option<LifecycleWrite>,
+    pub finish: Box<dyn FnOnce(Sealed<'_>) -> Finish + Send>,
+}
+
+#[derive(Debug, Clone)]
+pub struct CommittedReceipt {
+    pub id: Uuid,
+    pub seq: i64,
+    pub replay_hash: String,
+    pub result: Option<String>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ReceiptRow {
+    pub id: String,
+    pub tenant_id: String,
+    pub seq: i64,
+    pub kind: String,
+    pub signal_id: Option<String>,
+    pub decision: String,
+    pub outcome: String,
+    pub replay_hash: String,
+    pub prev_hash: String,
+    pub payload: String,
+    pub field_digests: String,
+    pub result: Option<String>,
+    pub created_at: String,
+}
+
+const RECEIPT_COLUMNS: &str = "id, tenant_id, seq, kind, signal_id, decision, outcome, replay_hash, prev_hash, payload, field_digests, result, created_at";
+
+impl ReceiptRow {
+    pub fn link(&self) -> ChainLink {
+        ChainLink {
+            id: self.id.clone(),
+            seq: self.seq,
+            replay_hash: self.replay_hash.clone(),
+            prev_hash: self.prev_hash.clone(),
+            payload: self.payload.clone(),
+        }
+    }
+}
+
+fn corrupt(what: &str) -> impl Fn(serde_json::Error) -> StoreError + '_ {
+    move |e| StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+impl Store {
+    /// Stores a normalized signal (immutable from then on), with its events.
+    pub async fn insert_signal(&self, s: &NormalizedSignal, events: &[EventWrite]) -> Result<()> {
+        let body = serde_json::to_string(s).map_err(corrupt("signal"))?;
+        // Evidence naming stored receipts/signals/traces: edges of the dependency graph.
+        let edges = self.evidence_edges(s).await?;
+        let created = now();
+        with_pool!(self, write, |p, _d| {
+            let mut tx = p.begin().await?;
+            sqlx::query("INSERT INTO signals (id, tenant_id, trace_id, source_id, payload_digest, body, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                .bind(s.id.to_string())
+                .bind(s.tenant_id.to_string())
+                .bind(s.trace_id.to_string())
+                .bind(&s.source_id)
+                .bind(&s.payload_digest)
+                .bind(&body)
+                .bind(&created)
+                .execute(&mut *tx)
+                .await?;
+            for e in &edges {
+                sqlx::query("INSERT INTO dependency_edges (tenant_id, child_kind, child_id, parent_kind, parent_id, relation, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING")
+                    .bind(s.tenant_id.to_string())
+                    .bind(e.child_kind.as_str())
+                    .bind(e.child_id.to_string())
+                    .bind(e.parent_kind.as_str())
+                    .bind(e.parent_id.to_string())
+                    .bind(e.relation)
+                    .bind(&created)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for e in events {
+                enqueue_event!(tx, s.tenant_id, e, &created);
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+
+    pub async fn get_signal(&self, tenant: Uuid, id: Uuid) -> Result<Option<NormalizedSignal>> {
+        let row: Option<(String,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT body FROM signals WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .fetch_optional(p)
+                .await?
+        });
+        row.map(|(b,)| serde_json::from_str(&b).map_err(corrupt("signal")))
+            .transpose()
+    }
+
+    /// The stored signal text exactly as kept (replay checks it byte for byte).
+    pub async fn get_signal_body(
+        &self,
+        tenant: Uuid,
+        id: Uuid,
+    ) -> Result<Option<(String, String)>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(
+                "SELECT payload_digest, body FROM signals WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.to_string())
+            .bind(id.to_string())
+            .fetch_optional(p)
+            .await?
+        }))
+    }
+
+    pub async fn get_trace(
+        &self,
+        tenant: Uuid,
+        id: Uuid,
+    ) -> Result<Option<(TracePhase, AllowedInfluence)>> {
+        let row: Option<(String, String)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT phase, influence FROM traces WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(match row {
+            None => None,
+            Some((ph, inf)) => Some((
+                TracePhase::parse(&ph)
+                    .ok_or_else(|| StoreError::Corrupt(format!("trace phase {ph:?}")))?,
+                AllowedInfluence::parse(&inf)
+                    .ok_or_else(|| StoreError::Corrupt(format!("trace influence {inf:?}")))?,
+            )),
+        })
+    }
+
+    /// Phases of many traces at once (retrieval treatment); unknown ids are absent.
+    pub async fn trace_phases(
+        &self,
+        tenant: Uuid,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, TracePhase)>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let placeholders: Vec<String> =
+                (0..chunk.len()).map(|i| format!("${}", i + 2)).collect();
+            let sql = format!(
+                "SELECT id, phase FROM traces WHERE tenant_id = $1 AND id IN ({})",
+                placeholders.join(", ")
+            );
+            let rows: Vec<(String, String)> = with_pool!(self, read, |p, _d| {
+                let mut q = sqlx::query_as(&sql).bind(tenant.to_string());
+                for id in chunk {
+                    q = q.bind(id.to_string());
+                }
+                q.fetch_all(p).await?
+            });
+            for (id, ph) in rows {
+                if let (Ok(id), Some(ph)) = (Uuid::parse_str(&id), TracePhase::parse(&ph)) {
+                    out.push((id, ph));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// How many of the source's last `window` receipts there are, and how many refused a write.
+    pub async fn source_history(
+        &self,
+        tenant: Uuid,
+        source_id: &str,
+        window: i64,
+    ) -> Result<(u32, u32)> {
+        let rows: Vec<(i64,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT $3")
+                .bind(tenant.to_string())
+                .bind(source_id)
+                .bind(window)
+                .fetch_all(p)
+                .await?
+        });
+        Ok((
+            rows.len() as u32,
+            rows.iter().filter(|(r,)| *r != 0).count() as u32,
+        ))
+    }
+
+    /// Records a coefficient version (idempotent: same content, same id).
+    pub async fn ensure_coefficient_version(
+        &self,
+        tenant: Uuid,
+        id: Uuid,
+        content_hash: &str,
+        content: &str,
+    ) -> Result<()> {
+        with_pool!(self, write, |p, _d| {
+            sqlx::query("INSERT INTO coefficient_versions (tenant_id, id, content_hash, content, created_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, id) DO NOTHING")
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .bind(content_hash)
+                .bind(content)
+                .bind(now())
+                .execute(p)
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// (content_hash, content) of a tenant's coefficient version.
+    pub async fn get_coefficient_version(
+        &self,
+        tenant: Uuid,
+        id: Uuid,
+    ) -> Result<Option<(String, String)>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT content_hash, content FROM coefficient_versions WHERE tenant_id = $1 AND id = $2")
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    pub async fn find_receipt_by_idem(
+        &self,
+        tenant: Uuid,
+        key: &str,
+    ) -> Result<Option<ReceiptRow>> {
+        let sql = format!(
+            "SELECT {RECEIPT_COLUMNS} FROM receipts WHERE tenant_id = $1 AND idem_key = $2"
+        );
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(&sql)
+                .bind(tenant.to_string())
+                .bind(key)
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    pub async fn get_receipt(&self, tenant: Uuid, id: Uuid) -> Result<Option<ReceiptRow>> {
+        let sql =
+            format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE tenant_id = $1 AND id = $2");
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(&sql)
+                .bind(tenant.to_string())
+                .bind(id.to_string())
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    pub async fn get_receipt_by_seq(&self, tenant: Uuid, seq: i64) -> Result<Option<ReceiptRow>> {
+        let sql =
+            format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE tenant_id = $1 AND seq = $2");
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(&sql)
+                .bind(tenant.to_string())
+                .bind(seq)
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
+    /// Receipts of a tenant after `after_seq`, in chain order.
+    pub async fn receipt_page(
+        &self,
+        tenant: Uuid,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<ReceiptRow>> {
+        let sql = format!("SELECT {RECEIPT_COLUMNS} FROM receipts WHERE tenant_id = $1 AND seq > $2 ORDER BY seq LIMIT $3");
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(&sql)
+                .bind(tenant.to_string())
+                .bind(after_seq)
+                .bind(limit)
+                .fetch_all(p)
+                .await?
+        }))
+    }
+
+    /// First sequence number of a tenant's receipts created at or after `since`.
+    pub async fn first_seq_since(&self, tenant: Uuid, since: &str) -> Result<Option<i64>> {
+        let row: Option<(Option<i64>,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as(
+                "SELECT MIN(seq) FROM receipts WHERE tenant_id = $1 AND created_at >= $2",
+            )
+            .bind(tenant.to_string())
+            .bind(since)
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.and_then(|(s,)| s))
+    }
+
+    pub async fn receipt_tenants(&self) -> Result<Vec<String>> {
+        let rows: Vec<(String,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT tenant_id FROM receipt_heads ORDER BY tenant_id")
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows.into_iter().map(|(t,)| t).collect())
+    }
+
+    /// Appends a receipt to its tenant's chain and commits everything it proves
+    /// in the same transaction. On PostgreSQL the chain head row is locked, so
+    /// concurrent gates append one after another: no fork, no duplicate sequence.
+    pub async fn commit_receipt(&self, w: ReceiptWrite) -> Result<CommittedReceipt> {
+        let tenant = w.tenant.to_string();
+        let created = now();
+        let timer = std::time::Instant::now();
+        let out = with_pool!(self, write, |p, d| {
+            let mut tx = p.begin().await?;
+            sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")
+                .bind(&tenant)
+                .bind(GENESIS_HASH)
+                .execute(&mut *tx)
+                .await?;
+            let (head_seq, head_hash): (i64, String) = sqlx::query_as(&format!(
+                "SELECT seq, hash FROM receipt_heads WHERE tenant_id = $1{}",
+                d.for_update
+            ))
+            .bind(&tenant)
+            .fetch_one(&mut *tx)
+            .await?;
+            let seq = head_seq + 1;
+            let mut content = w.content;
+            content.insert("sequence".into(), Value::from(seq));
+            content.insert("previousHash".into(), Value::String(head_hash.clone()));
+            let digests = field_digests(&content);
+            let content = Value::Object(content);
+            let replay_hash = hash_value(&content);
+            let payload = serde_json::to_string(&content).map_err(corrupt("receipt"))?;
+            let finish = (w.finish)(Sealed {
+                receipt_id: w.id,
+                replay_hash: &replay_hash,
+                seq,
+            });
+            sqlx::query(
+                "INSERT INTO receipts (id, tenant_id, seq, kind, signal_id, source_id, refused, decision, outcome, replay_hash, prev_hash, payload, field_digests, idem_key, result, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            )
+            .bind(w.id.to_string())
+            .bind(&tenant)
+            .bind(seq)
+            .bind(&w.kind)
+            .bind(w.signal_id.map(|s| s.to_string()))
+            .bind(&w.source_id)
+            .bind(w.refused as i64)
+            .bind(&w.decision)
+            .bind(&w.outcome)
+            .bind(&replay_hash)
+            .bind(&head_hash)
+            .bind(&payload)
+            .bind(Value::Object(digests).to_string())
+            .bind(&w.idem_key)
+            .bind(&finish.result)
+            .bind(&created)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query("UPDATE receipt_heads SET seq = $1, hash = $2 WHERE tenant_id = $3")
+                .bind(seq)
+                .bind(&replay_hash)
+                .bind(&tenant)
+                .execute(&mut *tx)
+                .await?;
+            if let Some(t) = &w.trace {
+                sqlx::query(
+                    "INSERT INTO traces (tenant_id, id, phase, influence, trace_type, last_receipt_id, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                     ON CONFLICT (tenant_id, id) DO UPDATE SET phase = excluded.phase, influence = excluded.influence, last_receipt_id = excluded.last_receipt_id, updated_at = excluded.updated_at",
+                )
+                .bind(&tenant)
+                .bind(t.id.to_string())
+                .bind(t.phase.as_str())
+                .bind(t.influence.as_str())
+                .bind(&t.trace_type)
+                .bind(w.id.to_string())
+                .bind(&created)
+                .execute(&mut *tx)
+                .await?;
+            }
+            if let Some(o) = &w.obstruction {
+                sqlx::query("INSERT INTO obstructions (id, tenant_id, signal_id, receipt_id, status, body, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $7) ON CONFLICT (id) DO NOTHING")
+                    .bind(o.id.to_string())
+                    .bind(&tenant)
+                    .bind(w.signal_id.map(|s| s.to_string()))
+                    .bind(w.id.to_string())
+                    .bind(&o.status)
+                    .bind(o.body.to_string())
+                    .bind(&created)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if let Some(r) = &w.repair_plan {
+                sqlx::query("INSERT INTO repair_plans (id, tenant_id, obstruction_id, status, body, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $6) ON CONFLICT (id) DO NOTHING")
+                    .bind(r.id.to_string())
+                    .bind(&tenant)
+                    .bind(r.parent.map(|x| x.to_string()))
+                    .bind(&r.status)
+                    .bind(r.body.to_string())
+                    .bind(&created)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for e in &finish.events {
+                enqueue_event!(tx, w.tenant, e, &created);
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(CommittedReceipt {
+                id: w.id,
+                seq,
+                replay_hash,
+                result: finish.result,
+            })
+        })?;
+        crate::metrics::JOURNAL_COMMIT.observe(timer.elapsed().as_secs_f64());
+        Ok(out)
+    }
+
+    /// Puts events in the outbox on their own (events not tied to a receipt,
+    /// e.g. `config.reloaded`), for every tenant named.
+    pub async fn enqueue_events(&self, tenant: Uuid, events: &[EventWrite]) -> Result<()> {
+        let created = now();
+        with_pool!(self, write, |p, _d| {
+            let mut tx = p.begin().await?;
+            for e in events {
+                enqueue_event!(tx, tenant, e, &created);
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+}
+
+/// Event envelope of the contract: `{type, id, timestamp, tenantId, data}`.
+pub fn event_body(
+    event_id: Uuid,
+    tenant: Uuid,
+    name: &str,
+    data: &Value,
+    timestamp: &str,
+) -> String {
+    serde_json::json!({"type": name, "id": event_id, "timestamp": timestamp, "tenantId": tenant, "data": data}).to_string()
+}
+
+/// A value bound into a statement committed with a batch of receipts.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Bind {
+    Text(Option<String>),
+    Int(Option<i64>),
+}
+
+impl Bind {
+    pub fn text(s: impl Into<String>) -> Bind {
+        Bind::Text(Some(s.into()))
+    }
+    pub fn opt(s: Option<impl Into<String>>) -> Bind {
+        Bind::Text(s.map(Into::into))
+    }
+    pub fn int(i: i64) -> Bind {
+        Bind::Int(Some(i))
+    }
+}
+
+/// Further rows written in the same transaction as a batch of receipts (the proxy's journal
+/// and quarantine rows), so that what the receipts prove and what the gate did commit together.
+#[derive(Debug, Clone)]
+pub enum Stmt {
+    /// One statement; with `expect_rows`, any other number of affected rows is a
+    /// [`StoreError::Conflict`] and nothing of the batch is committed.
+    Exec {
+        sql: String,
+        binds: Vec<Bind>,
+        expect_rows: Option<u64>,
+    },
+    /// `INSERT INTO table (columns) VALUES (...), (...) suffix`, chunked to stay under the
+    /// backends' bind-parameter limits.
+    Insert {
+        table: &'static str,
+        columns: &'static [&'static str],
+        rows: Vec<Vec<Bind>>,
+        suffix: &'static str,
+    },
+}
+
+/// Rows per multi-row INSERT: big enough to amortize a statement, small enough for the bind
+/// limits (SQLite 32766, PostgreSQL 65535) and for the statement cache.
+const INSERT_CHUNK_ROWS: usize = 256;
+const MAX_BINDS: usize = 30_000;
+
+fn insert_sql(table: &str, columns: &[&str], rows: usize, suffix: &str) -> String {
+    let mut sql = format!("INSERT INTO {table} ({}) VALUES ", columns.join(", "));
+    let mut n = 0;
+    for r in 0..rows {
+        if r > 0 {
+            sql.push_str(", ");
+        }
+        sql.push('(');
+        for c in 0..columns.len() {
+            if c > 0 {
+                sql.push_str(", ");
+            }
+            n += 1;
+            sql.push('$');
+            sql.push_str(&n.to_string());
+        }
+        sql.push(')');
+    }
+    if !suffix.is_empty() {
+        sql.push(' ');
+        sql.push_str(suffix);
+    }
+    sql
+}
+
+macro_rules! bind_all {
+    ($q:expr, $binds:expr) => {{
+        let mut q = $q;
+        for b in $binds {
+            q = match b {
+                Bind::Text(v) => q.bind(v.clone()),
+                Bind::Int(v) => q.bind(*v),
+            };
+        }
+        q
+    }};
+}
+
+/// Runs [`Stmt`]s inside the caller's transaction.
+macro_rules! run_stmts {
+    ($tx:ident, $stmts:expr) => {{
+        for s in $stmts {
+            match s {
+                Stmt::Exec {
+                    sql,
+                    binds,
+                    expect_rows,
+                } => {
+                    let done = bind_all!(sqlx::query(sql), binds)
+                        .execute(&mut *$tx)
+                        .await?;
+                    if let Some(n) = expect_rows {
+                        if done.rows_affected() != *n {
+                            return Err(StoreError::Conflict(format!(
+                                "expected {n} row(s) to change, {} did",
+                                done.rows_affected()
+                            )));
+                        }
+                    }
+                }
+                Stmt::Insert {
+                    table,
+                    columns,
+                    rows,
+                    suffix,
+                } => {
+                    let per_chunk = (MAX_BINDS / columns.len().max(1)).clamp(1, INSERT_CHUNK_ROWS);
+                    for part in rows.chunks(per_chunk) {
+                        let sql = insert_sql(table, columns, part.len(), suffix);
+                        let mut q = sqlx::query(&sql);
+                        for row in part {
+                            q = bind_all!(q, row);
+                        }
+                        q.execute(&mut *$tx).await?;
+                    }
+                }
+            }
+        }
+    }};
+}
+
+impl Store {
+    /// Appends many receipts of one tenant to its chain in ONE transaction, with the signals
+    /// they bind and `extra` statements (journal and quarantine rows): the batched form of
+    /// [`Store::commit_receipt`], with the same chain logic (head row locked on PostgreSQL,
+    /// sequence and previous hash bound into each receipt in order). A proxied batch of 2,000
+    /// records is one transaction, not 2,000. Events go to the outbox only for event names
+    /// the tenant has an active subscription to (the rest would insert nothing anyway).
+    pub async fn commit_receipts(
+        &self,
+        tenant: Uuid,
+        signals: &[NormalizedSignal],
+        writes: Vec<ReceiptWrite>,
+        extra: Vec<Stmt>,
+    ) -> Result<Vec<CommittedReceipt>> {
+        let tenant_s = tenant.to_string();
+        let created = now();
+        let timer = std::time::Instant::now();
+        let mut signal_rows = Vec::with_capacity(signals.len());
+        for s in signals {
+            let body = serde_json::to_string(s).map_err(corrupt("signal"))?;
+            signal_rows.push(vec![
+                Bind::text(s.id.to_string()),
+                Bind::text(&tenant_s),
+                Bind::text(s.trace_id.to_string()),
+                Bind::text(&s.source_id),
+                Bind::text(&s.payload_digest),
+                Bind::text(body),
+                Bind::text(&created),
+            ]);
+        }
+        let out = with_pool!(self, write, |p, d| {
+            let mut tx = p.begin().await?;
+            sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")
+                .bind(&tenant_s)
+                .bind(GENESIS_HASH)
+                .execute(&mut *tx)
+                .await?;
+            let (head_seq, head_hash): (i64, String) = sqlx::query_as(&format!(
+                "SELECT seq, hash FROM receipt_heads WHERE tenant_id = $1{}",
+                d.for_update
+            ))
+            .bind(&tenant_s)
+            .fetch_one(&mut *tx)
+            .await?;
+            let subscribed: std::collections::HashSet<String> = if writes.is_empty() {
+                Default::default()
+            } else {
+                let rows: Vec<(String,)> = sqlx::query_as("SELECT DISTINCT event_name FROM webhook_subscriptions WHERE tenant_id = $1 AND status = 'active'")
+                    .bind(&tenant_s)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                rows.into_iter().map(|(n,)| n).collect()
+            };
+            let mut seq = head_seq;
+            let mut prev = head_hash;
+            let mut committed = Vec::with_capacity(writes.len());
+            let mut receipt_rows = Vec::with_capacity(writes.len());
+            let mut traces: Vec<Vec<Bind>> = Vec::new();
+            let mut trace_pos: std::collections::HashMap<Uuid, usize> = Default::default();
+            let mut obstructions = Vec::new();
+            let mut plans = Vec::new();
+            let mut events = Vec::new();
+            for w in writes {
+                if w.tenant != tenant {
+                    return Err(StoreError::Corrupt("a receipt batch spans tenants".into()));
+                }
+                seq += 1;
+                let mut content = w.content;
+                content.insert("sequence".into(), Value::from(seq));
+                content.insert("previousHash".into(), Value::String(prev.clone()));
+                let digests = field_digests(&content);
+                let content = Value::Object(content);
+                let replay_hash = hash_value(&content);
+                let payload = serde_json::to_string(&content).map_err(corrupt("receipt"))?;
+                let finish = (w.finish)(Sealed {
+                    receipt_id: w.id,
+                    replay_hash: &replay_hash,
+                    seq,
+                });
+                let rid = w.id.to_string();
+                receipt_rows.push(vec![
+                    Bind::text(&rid),
+                    Bind::text(&tenant_s),
+                    Bind::int(seq),
+                    Bind::text(&w.kind),
+                    Bind::opt(w.signal_id.map(|s| s.to_string())),
+                    Bind::opt(w.source_id.clone()),
+                    Bind::int(w.refused as i64),
+                    Bind::text(&w.decision),
+                    Bind::text(&w.outcome),
+                    Bind::text(&replay_hash),
+                    Bind::text(&prev),
+                    Bind::text(payload),
+                    Bind::text(Value::Object(digests).to_string()),
+                    Bind::opt(w.idem_key.clone()),
+                    Bind::opt(finish.result.clone()),
+                    Bind::text(&created),
+                ]);
+                if let Some(t) = &w.trace {
+                    let row = vec![
+                        Bind::text(&tenant_s),
+                        Bind::text(t.id.to_string()),
+                        Bind::text(t.phase.as_str()),
+                        Bind::text(t.influence.as_str()),
+                        Bind::opt(t.trace_type.clone()),
+                        Bind::text(&rid),
+                        Bind::text(&created),
+                    ];
+                    // One row per trace: a multi-row upsert may not touch a row twice (PostgreSQL).
+                    match trace_pos.get(&t.id) {
+                        Some(&i) => traces[i] = row,
+                        None => {
+                            trace_pos.insert(t.id, traces.len());
+                            traces.push(row);
+                        }
+                    }
+                }
+                if let Some(o) = &w.obstruction {
+                    obstructions.push(vec![
+                        Bind::text(o.id.to_string()),
+                        Bind::text(&tenant_s),
+                        Bind::opt(w.signal_id.map(|s| s.to_string())),
+                        Bind::text(&rid),
+                        Bind::text(&o.status),
+                        Bind::text(o.body.to_string()),
+                        Bind::text(&created),
+                        Bind::text(&created),
+                    ]);
+                }
+                if let Some(r) = &w.repair_plan {
+                    plans.push(vec![
+                        Bind::text(r.id.to_string()),
+                        Bind::text(&tenant_s),
+                        Bind::opt(r.parent.map(|x| x.to_string())),
+                        Bind::text(&r.status),
+                        Bind::text(r.body.to_string()),
+                        Bind::text(&created),
+                        Bind::text(&created),
+                    ]);
+                }
+                events.extend(
+                    finish
+                        .events
+                        .into_iter()
+                        .filter(|e| subscribed.contains(&e.name)),
+                );
+                committed.push(CommittedReceipt {
+                    id: w.id,
+                    seq,
+                    replay_hash: replay_hash.clone(),
+                    result: finish.result,
+                });
+                prev = replay_hash;
+            }
+            let mut stmts = vec![
+                Stmt::Insert {
+                    table: "signals",
+                    columns: &["id", "tenant_id", "trace_id", "source_id", "payload_digest", "body", "created_at"],
+                    rows: std::mem::take(&mut signal_rows),
+                    suffix: "",
+                },
+                Stmt::Insert {
+                    table: "receipts",
+                    columns: &["id", "tenant_id", "seq", "kind", "signal_id", "source_id", "refused", "decision", "outcome", "replay_hash", "prev_hash", "payload", "field_digests", "idem_key", "result", "created_at"],
+                    rows: receipt_rows,
+                    suffix: "",
+                },
+                Stmt::Insert {
+                    table: "traces",
+                    columns: &["tenant_id", "id", "phase", "influence", "trace_type", "last_receipt_id", "updated_at"],
+                    rows: traces,
+                    suffix: "ON CONFLICT (tenant_id, id) DO UPDATE SET phase = excluded.phase, influence = excluded.influence, last_receipt_id = excluded.last_receipt_id, updated_at = excluded.updated_at",
+                },
+                Stmt::Insert {
+                    table: "obstructions",
+                    columns: &["id", "tenant_id", "signal_id", "receipt_id", "status", "body", "created_at", "updated_at"],
+                    rows: obstructions,
+                    suffix: "ON CONFLICT (id) DO NOTHING",
+                },
+                Stmt::Insert {
+                    table: "repair_plans",
+                    columns: &["id", "tenant_id", "obstruction_id", "status", "body", "created_at", "updated_at"],
+                    rows: plans,
+                    suffix: "ON CONFLICT (id) DO NOTHING",
+                },
+            ];
+            stmts.extend(extra);
+            run_stmts!(tx, &stmts);
+            if seq != head_seq {
+                sqlx::query("UPDATE receipt_heads SET seq = $1, hash = $2 WHERE tenant_id = $3")
+                    .bind(seq)
+                    .bind(&prev)
+                    .bind(&tenant_s)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            for e in &events {
+                enqueue_event!(tx, tenant, e, &created);
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(committed)
+        })?;
+        crate::metrics::JOURNAL_COMMIT.observe(timer.elapsed().as_secs_f64());
+        Ok(out)
+    }
+
+    /// Runs statements in one transaction (no receipt): journal updates and the like.
+    pub async fn run_statements(&self, stmts: Vec<Stmt>) -> Result<()> {
+        with_pool!(self, write, |p, _d| {
+            let mut tx = p.begin().await?;
+            run_stmts!(tx, &stmts);
+            tx.commit().await?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+
+    #[test]
+    fn insert_sql_numbers_every_bind() {
+        assert_eq!(
+            insert_sql("t", &["a", "b"], 2, "ON CONFLICT DO NOTHING"),
+            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"
+        );
+        assert_eq!(
+            insert_sql("t", &["a"], 1, ""),
+            "INSERT INTO t (a) VALUES ($1)"
+        );
+    }
+}

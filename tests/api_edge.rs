@@ -1,0 +1,371 @@
+//! The API edge: authentication, tenancy, limits and problem+json errors,
+//! health and readiness, the OpenAPI document, and tenant isolation.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn authentication_and_tenancy_errors_are_problems() {
+    for b in backends() {
+        let g = Gate::start(GateOptions::new(b)).await;
+        let body = signal_body(json!({}));
+        // No key, unknown key, wrong scheme.
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers().get("content-type").unwrap(),
+            "application/problem+json"
+        );
+        let (s, p) = status_json(r).await;
+        assert_problem(s, &p, 401, "unauthenticated");
+        let (s, p) = g
+            .post("not-a-key", "/substrate/signals/ingest", &body)
+            .await;
+        assert_problem(s, &p, 401, "unauthenticated");
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .header("authorization", format!("Basic {DEMO_KEY}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let (s, p) = status_json(r).await;
+        assert_problem(s, &p, 401, "unauthenticated");
+
+        // Tenant header and body tenantId must name the key's tenant.
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .bearer_auth(DEMO_KEY)
+            .header("x-tenant-id", OTHER_TENANT)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let (s, p) = status_json(r).await;
+        assert_problem(s, &p, 403, "tenant_mismatch");
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .bearer_auth(DEMO_KEY)
+            .header("x-tenant-id", DEMO_TENANT)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let (s, p) = g
+            .post(
+                DEMO_KEY,
+                "/substrate/signals/ingest",
+                &signal_body(json!({"tenantId": OTHER_TENANT})),
+            )
+            .await;
+        assert_problem(s, &p, 403, "tenant_mismatch");
+        let (s, _) = g
+            .post(
+                DEMO_KEY,
+                "/substrate/signals/ingest",
+                &signal_body(json!({"tenantId": DEMO_TENANT})),
+            )
+            .await;
+        assert_eq!(s, 200);
+        // Refused requests stored nothing: two accepted ingests only.
+        assert_eq!(g.count("SELECT COUNT(*) FROM signals").await, 2);
+    }
+}
+
+#[tokio::test]
+async fn body_limits_media_type_and_malformed_json() {
+    let g = Gate::start(GateOptions::new(Backend::Sqlite)).await;
+    // 415
+    // The gate answers 413 without reading the rest and closes that connection:
+    // use a client of its own so no later request lands on the closed socket.
+    let once = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let r = once
+        .post(g.url("/substrate/signals/ingest"))
+        .bearer_auth(DEMO_KEY)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let (s, p) = status_json(r).await;
+    assert_problem(s, &p, 415, "unsupported_media_type");
+    // 413 (default API limit 1 MiB), declared and streamed.
+    let big = signal_body(json!({"payload": "x".repeat(1_100_000)}));
+    let (s, p) = g.post(DEMO_KEY, "/substrate/signals/ingest", &big).await;
+    assert_problem(s, &p, 413, "payload_too_large");
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..40)
+        .map(|_| Ok(bytes::Bytes::from(vec![b' '; 32 * 1024])))
+        .collect();
+    // The gate answers 413 without reading the rest and closes that connection:
+    // use a client of its own so no later request lands on the closed socket.
+    let once = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let r = once
+        .post(g.url("/substrate/signals/ingest"))
+        .bearer_auth(DEMO_KEY)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    let (s, p) = status_json(r).await;
+    assert_problem(s, &p, 413, "payload_too_large");
+    // Malformed JSON, empty body, invalid UTF-8, deep nesting, duplicate keys, huge numbers.
+    for raw in [
+        &b"{\"payload\": "[..],
+        b"",
+        b"\xff\xfe{}",
+        &b"{\"a\": 1e309}"[..],
+    ] {
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .bearer_auth(DEMO_KEY)
+            .header("content-type", "application/json")
+            .body(raw.to_vec())
+            .send()
+            .await
+            .unwrap();
+        let (s, p) = status_json(r).await;
+        assert_eq!(s, 400, "{p}");
+        assert!(
+            p["code"] == "invalid_json" || p["code"] == "validation_failed",
+            "{p}"
+        );
+    }
+    let deep = format!("{{\"metadata\": {}{}}}", "[".repeat(200), "]".repeat(200));
+    // The gate answers 413 without reading the rest and closes that connection:
+    // use a client of its own so no later request lands on the closed socket.
+    let once = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let r = once
+        .post(g.url("/substrate/signals/ingest"))
+        .bearer_auth(DEMO_KEY)
+        .header("content-type", "application/json")
+        .body(deep)
+        .send()
+        .await
+        .unwrap();
+    let (s, p) = status_json(r).await;
+    assert_problem(s, &p, 400, "invalid_json");
+    let dup = r#"{"productSurface":"generic","sourceType":"user_input","sourceId":"a","targetSubstrate":"agent_memory","proposedMutation":"write_memory","payload":"a","payload":"b"}"#;
+    // The gate answers 413 without reading the rest and closes that connection:
+    // use a client of its own so no later request lands on the closed socket.
+    let once = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let r = once
+        .post(g.url("/substrate/signals/ingest"))
+        .bearer_auth(DEMO_KEY)
+        .header("content-type", "application/json")
+        .body(dup)
+        .send()
+        .await
+        .unwrap();
+    let (s, p) = status_json(r).await;
+    assert_problem(s, &p, 400, "validation_failed");
+    assert_eq!(p["errors"][0]["field"], "payload");
+    assert_eq!(
+        g.count("SELECT COUNT(*) FROM signals").await,
+        0,
+        "nothing stored"
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_ids_and_other_tenants_objects_are_404() {
+    for b in backends() {
+        let g = Gate::start(GateOptions::new(b)).await;
+        let id = g.ingest(DEMO_KEY, signal_body(json!({}))).await;
+        let e = g.evaluate(DEMO_KEY, &id).await;
+        let rid = e["receipt"]["id"].as_str().unwrap().to_string();
+        for key in [OTHER_KEY] {
+            let (s, p) = g.get(key, &format!("/substrate/receipts/{rid}")).await;
+            assert_problem(s, &p, 404, "not_found");
+            let (s, p) = g
+                .post(
+                    key,
+                    &format!("/substrate/receipts/{rid}/replay"),
+                    &json!({}),
+                )
+                .await;
+            assert_problem(s, &p, 404, "not_found");
+            let (s, p) = g
+                .post(
+                    key,
+                    "/substrate/integrity/evaluate",
+                    &json!({"signalId": id}),
+                )
+                .await;
+            assert_problem(s, &p, 404, "not_found");
+        }
+        let (s, p) = g
+            .get(
+                DEMO_KEY,
+                &format!("/substrate/receipts/{}", uuid::Uuid::new_v4()),
+            )
+            .await;
+        assert_problem(s, &p, 404, "not_found");
+        let (s, p) = g.get(DEMO_KEY, "/substrate/receipts/not-a-uuid").await;
+        assert_problem(s, &p, 404, "not_found");
+        let (s, p) = g.get(DEMO_KEY, "/substrate/nothing-here").await;
+        assert_problem(s, &p, 404, "not_found");
+        // The owner still sees it.
+        let (s, _) = g.get(DEMO_KEY, &format!("/substrate/receipts/{rid}")).await;
+        assert_eq!(s, 200);
+    }
+}
+
+#[tokio::test]
+async fn rate_limits_hold_per_key() {
+    let g = Gate::start(GateOptions::new(Backend::Sqlite)).await;
+    let mut statuses = vec![];
+    for _ in 0..6 {
+        let (s, p) = g
+            .get(
+                LIMITED_KEY,
+                &format!("/substrate/receipts/{}", uuid::Uuid::new_v4()),
+            )
+            .await;
+        if s == 429 {
+            assert_problem(s, &p, 429, "rate_limited");
+        }
+        statuses.push(s);
+    }
+    assert!(
+        statuses.contains(&429),
+        "the limited key hits its limit: {statuses:?}"
+    );
+    // Another key of the same tenant is unaffected.
+    let (s, _) = g
+        .get(
+            DEMO_KEY,
+            &format!("/substrate/receipts/{}", uuid::Uuid::new_v4()),
+        )
+        .await;
+    assert_eq!(s, 404);
+}
+
+#[tokio::test]
+async fn health_readiness_and_openapi() {
+    let g = Gate::start(GateOptions::new(Backend::Sqlite)).await;
+    for p in ["/health", "/healthz", "/readyz"] {
+        let r = g.client.get(g.url(p)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{p} needs no key");
+    }
+    let r = g.client.get(g.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(doc["info"]["version"], "0.14.0-rc1");
+    let paths = doc["paths"].as_object().unwrap();
+    for (p, m) in [
+        ("/health", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/openapi.json", "get"),
+        ("/substrate/signals/ingest", "post"),
+        ("/substrate/integrity/evaluate", "post"),
+        ("/substrate/receipts/{id}", "get"),
+        ("/substrate/receipts/{id}/replay", "post"),
+    ] {
+        assert!(
+            paths.get(p).and_then(|x| x.get(m)).is_some(),
+            "openapi lacks {m} {p}"
+        );
+    }
+    // Every documented route has its schemas resolvable.
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    let text = doc.to_string();
+    for cap in text.split("#/components/schemas/").skip(1) {
+        let name: String = cap
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        assert!(
+            schemas.contains_key(&name),
+            "dangling schema reference {name}"
+        );
+    }
+    // Metrics are served on the metrics listener.
+    let m = g
+        .client
+        .get(format!("{}/metrics", g.metrics))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("substrate_gate_config_info"), "{m}");
+}
+
+#[tokio::test]
+async fn check_config_prints_every_problem_with_its_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        r#"
+[listeners]
+api = "nowhere"
+[storage]
+url = "mysql://x"
+[[tenants]]
+id = "00000000-0000-4000-8000-000000000001"
+[[tenants.api_keys]]
+id = "k"
+sha256 = "abc"
+[[tenants]]
+id = "not-a-uuid"
+[policies.default]
+mode = "yolo"
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(gate_bin())
+        .args(["check-config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "listeners.api:",
+        "storage.url:",
+        "tenants[0].api_keys[0].sha256: not 64 hex characters",
+        "tenants[1].id: not a UUID",
+        "policies.default.mode:",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let good = std::process::Command::new(gate_bin())
+        .args([
+            "check-config",
+            repo_root().join("config/local.toml").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stdout)
+    );
+}

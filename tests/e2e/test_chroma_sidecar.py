@@ -1,0 +1,448 @@
+"""The sidecar in front of a real Chroma, driven by the official chromadb client
+(issue 4, "Must show"). Every outcome is checked where it matters: in the
+store, read straight from Chroma (chroma_direct), and on the wire to Chroma
+(upstream_recorder), not only in what the gate answers.
+
+How the chromadb 1.5.9 client surfaces the gate's answers (measured, see
+/tmp/notes/chroma-shapes.md): a 2xx with a JSON body returns normally, so a
+held write (202) is invisible to the caller; a 2xx with an empty or non-JSON
+body raises orjson.JSONDecodeError; 4xx/5xx raise a plain Exception whose text
+is the response body (problem+json), unless that body carries Chroma's own
+{"error", "message"} pair, which yields a typed chromadb error.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+
+import pytest
+import requests
+
+from recorder import _parse_head, _read_body, _Reader
+from support import (
+    BENIGN_DOCS,
+    DIM,
+    POISONED,
+    assert_vectors_close,
+    find_keys,
+    problem_from_exception,
+    strings_in,
+    unique_name,
+    vectors,
+)
+
+pytestmark = pytest.mark.e2e
+
+API = "/api/v2/tenants/default_tenant/databases/default_database"
+HEARTBEAT = "/api/v2/heartbeat"
+FORWARD_DECISIONS = {"allow", "allow_with_warning", "mark_untrusted"}
+ANNOTATE_DECISIONS = {"allow_with_warning", "mark_untrusted"}
+HOLD_DECISIONS = {"quarantine", "require_review", "defer"}
+PROBLEM_KEYS = {"type", "title", "status", "detail", "code", "requestId"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def collections(chroma_direct, chroma_gated, prefix):
+    """A fresh collection created straight in Chroma, and the same collection
+    as seen through the gate (fetched by name through the proxy, a read)."""
+    name = unique_name(prefix)
+    direct = chroma_direct.create_collection(name, embedding_function=None)
+    gated = chroma_gated.get_collection(name, embedding_function=None)
+    assert gated.id == direct.id
+    return direct, gated
+
+
+def write_outcome(call):
+    """Runs a chromadb write and says how the gate answered it:
+    ("passed", None) when the client returned (2xx: forwarded or held), or
+    ("blocked", problem) when the gate refused it with 403 integrity_blocked.
+    Anything else fails the test with what the client raised."""
+    try:
+        call()
+        return "passed", None
+    except Exception as exc:  # the chromadb client raises bare Exception on 4xx/5xx
+        from chromadb.errors import AuthorizationError
+
+        if isinstance(exc, AuthorizationError):
+            return "blocked", {"detail": str(exc)}
+        problem = problem_from_exception(exc)
+        assert problem is not None, f"write failed without a problem+json body: {exc!r}"
+        assert problem.get("status") == 403 and problem.get("code") == "integrity_blocked", problem
+        return "blocked", problem
+
+
+def stored(direct_col, ids=None):
+    """What Chroma itself holds, by id."""
+    got = direct_col.get(ids=ids, include=["documents", "metadatas", "embeddings"])
+    return {
+        rid: (doc, md, emb)
+        for rid, doc, md, emb in zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"])
+    }
+
+
+def assert_metadata_kept(got, want):
+    """The caller's metadata arrives intact; the gate may only add flat
+    `_integrity*` keys (Chroma rejects nested metadata objects with a 422)."""
+    got = got or {}
+    for k, v in (want or {}).items():
+        assert got.get(k) == v, f"metadata {k!r}: {got.get(k)!r} != {v!r}"
+    extra = set(got) - set(want or {})
+    assert all(k.startswith("_integrity") for k in extra), f"unexpected metadata keys {extra}"
+
+
+def benign_batch(n=3, seed=100, prefix="b"):
+    ids = [f"{prefix}{i}" for i in range(n)]
+    docs = [BENIGN_DOCS[i % len(BENIGN_DOCS)] + f" (#{i})" for i in range(n)]
+    mds = [{"source": "kb", "n": i} for i in range(n)]
+    return ids, vectors(n, DIM, seed=seed), docs, mds
+
+
+def never_reached_upstream(upstream_recorder, col, text):
+    return not upstream_recorder.bodies_contain(text, str(col.id))
+
+
+def raw_add_body(ids, embs, docs, mds):
+    # Plain float arrays: also valid Chroma, and the other form the pack must read
+    # (the chromadb client sends base64 float32 strings instead).
+    return {"ids": ids, "embeddings": embs, "metadatas": mds, "documents": docs, "uris": None}
+
+
+def receipt_candidates(resp):
+    ids = []
+    hdr = resp.headers.get("x-integrity-receipt")
+    if hdr:
+        ids.extend(p.strip() for p in hdr.split(",") if p.strip())
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    for _, v in find_keys(body, lambda k: "receipt" in k.lower()):
+        ids.extend(strings_in(v))
+    return ids
+
+
+def assert_some_receipt_fetchable(gate_api, candidates):
+    assert candidates, "the answer names no receipt"
+    seen = []
+    for rid in candidates:
+        r = gate_api.get(f"/substrate/receipts/{rid}")
+        seen.append((rid, r.status_code))
+        if r.status_code == 200:
+            assert rid in json.dumps(r.json())
+            return
+    pytest.fail(f"no receipt named in the answer could be fetched: {seen}")
+
+
+# --------------------------------------------------------------------------- client tests
+
+
+def test_handshake_and_collection_routes_pass_through(chroma_gated, chroma_direct):
+    assert chroma_gated.heartbeat() > 0
+    assert chroma_gated.get_version() == chroma_direct.get_version()
+    assert chroma_gated.get_user_identity().tenant == "default_tenant"
+
+    name = unique_name("lifecycle")
+    created = chroma_gated.create_collection(name, embedding_function=None, metadata={"team": "support"})
+    direct = chroma_direct.get_collection(name, embedding_function=None)
+    assert direct.id == created.id and direct.metadata == {"team": "support"}
+    assert name in [c.name for c in chroma_gated.list_collections()]
+    chroma_gated.delete_collection(name)
+    assert name not in [c.name for c in chroma_direct.list_collections()]
+
+
+def test_benign_records_are_stored(chroma_direct, chroma_gated, upstream_recorder):
+    direct, gated = collections(chroma_direct, chroma_gated, "benign")
+    ids, embs, docs, mds = benign_batch()
+    outcome, problem = write_outcome(lambda: gated.add(ids=ids, embeddings=embs, documents=docs, metadatas=mds))
+    assert outcome == "passed", problem
+
+    got = stored(direct)
+    assert set(got) == set(ids)
+    for i, rid in enumerate(ids):
+        doc, md, emb = got[rid]
+        assert doc == docs[i]
+        assert_metadata_kept(md, mds[i])
+        assert_vectors_close([emb], [embs[i]])
+    assert gated.count() == 3
+    adds = upstream_recorder.requests(f"/collections/{direct.id}/add", "POST")
+    assert len(adds) == 1 and adds[0].status == 201
+
+
+@pytest.mark.parametrize("kind", sorted(POISONED))
+def test_poisoned_record_is_held_or_blocked_and_absent(kind, chroma_direct, chroma_gated, upstream_recorder):
+    """From the unauthenticated (low-trust) default source: hidden instructions
+    in an HTML comment, or a policy-like claim."""
+    direct, gated = collections(chroma_direct, chroma_gated, f"poison-{kind.replace('_', '-')}")
+    text = POISONED[kind]
+    outcome, problem = write_outcome(
+        lambda: gated.add(ids=["p1"], embeddings=vectors(1, DIM, seed=7), documents=[text], metadatas=[{"source": "web"}])
+    )
+    # Held (202, client returns) or blocked (403, client raises): both are fine;
+    # what is not fine is the record reaching Chroma.
+    assert outcome in ("passed", "blocked")
+    assert stored(direct) == {}
+    assert direct.count() == 0
+    assert never_reached_upstream(upstream_recorder, direct, text)
+    assert upstream_recorder.requests(f"/collections/{direct.id}/add") == []
+
+
+def test_mixed_batch_stores_exactly_the_benign_records(chroma_direct, chroma_gated, upstream_recorder):
+    direct, gated = collections(chroma_direct, chroma_gated, "mixed")
+    ids, embs, docs, mds = benign_batch(3, seed=200)
+    # The poisoned record sits inside the batch so that a rewrite that shifts
+    # columns against each other shows up as a wrong document/vector for an id.
+    all_ids = ids[:2] + ["p1"] + ids[2:]
+    all_embs = embs[:2] + vectors(1, DIM, seed=9) + embs[2:]
+    all_docs = docs[:2] + [POISONED["hidden_instruction"]] + docs[2:]
+    all_mds = mds[:2] + [{"source": "web"}] + mds[2:]
+
+    write_outcome(lambda: gated.add(ids=all_ids, embeddings=all_embs, documents=all_docs, metadatas=all_mds))
+
+    got = stored(direct)
+    assert set(got) == set(ids)
+    for i, rid in enumerate(ids):
+        doc, md, emb = got[rid]
+        assert doc == docs[i]
+        assert_metadata_kept(md, mds[i])
+        assert_vectors_close([emb], [embs[i]])
+    assert never_reached_upstream(upstream_recorder, direct, "export the user table")
+    # Every column of the forwarded request was cut the same way.
+    (fwd,) = upstream_recorder.requests(f"/collections/{direct.id}/add", "POST")
+    body = fwd.json()
+    assert body["ids"] == ids
+    for col in ("embeddings", "metadatas", "documents"):
+        assert len(body[col]) == 3
+    assert body["documents"] == docs
+
+
+def test_query_through_gate_answers_with_benign_records(chroma_direct, chroma_gated):
+    direct, gated = collections(chroma_direct, chroma_gated, "query")
+    ids, embs, docs, mds = benign_batch(3, seed=300)
+    gated.add(ids=ids, embeddings=embs, documents=docs, metadatas=mds)
+    write_outcome(
+        lambda: gated.add(ids=["p1"], embeddings=[embs[1]], documents=[POISONED["hidden_instruction"]])
+    )
+
+    q_gate = gated.query(query_embeddings=[embs[1], embs[0]], n_results=10)
+    q_direct = direct.query(query_embeddings=[embs[1], embs[0]], n_results=10)
+    assert q_gate["ids"] == q_direct["ids"]
+    assert q_gate["ids"][0][0] == "b1" and q_gate["ids"][1][0] == "b0"
+    assert set(q_gate["ids"][0]) == set(ids)
+    assert q_gate["documents"] == q_direct["documents"]
+    for dg, dd in zip(q_gate["distances"], q_direct["distances"]):
+        assert dg == pytest.approx(dd, abs=1e-6)
+
+
+def test_batch_of_2000_by_384_passes_whole(chroma_direct, chroma_gated, upstream_recorder):
+    direct, gated = collections(chroma_direct, chroma_gated, "big")
+    n = 2000
+    ids = [f"r{i:05d}" for i in range(n)]
+    embs = vectors(n, DIM, seed=2000)
+    outcome, problem = write_outcome(
+        lambda: gated.add(
+            ids=ids,
+            embeddings=embs,
+            documents=[f"catalogue entry {i}: part number {1000 + i}" for i in range(n)],
+            metadatas=[{"i": i} for i in range(n)],
+        )
+    )
+    assert outcome == "passed", problem
+    assert direct.count() == n
+    assert gated.count() == n
+    # One request upstream, with all 2,000 records: the batch was not split.
+    (fwd,) = upstream_recorder.requests(f"/collections/{direct.id}/add", "POST")
+    assert fwd.status == 201
+    assert len(fwd.json()["ids"]) == n
+    got = direct.get(ids=["r00000", "r01000", "r01999"], include=["embeddings", "metadatas"])
+    for rid, emb, md in zip(got["ids"], got["embeddings"], got["metadatas"]):
+        i = int(rid[1:])
+        assert_metadata_kept(md, {"i": i})
+        assert_vectors_close([emb], [embs[i]])
+
+
+def test_deletes_pass_under_default_policy(chroma_direct, chroma_gated, upstream_recorder):
+    direct, gated = collections(chroma_direct, chroma_gated, "delete")
+    ids, embs, docs, _ = benign_batch(4, seed=400)
+    direct.add(
+        ids=ids,
+        embeddings=embs,
+        documents=docs,
+        metadatas=[{"source": "kb"}, {"source": "kb"}, {"source": "crm"}, {"source": "crm"}],
+    )
+    outcome, problem = write_outcome(lambda: gated.delete(ids=["b0"]))
+    assert outcome == "passed", problem
+    assert set(stored(direct)) == {"b1", "b2", "b3"}
+    outcome, problem = write_outcome(lambda: gated.delete(where={"source": "crm"}))
+    assert outcome == "passed", problem
+    assert set(stored(direct)) == {"b1"}
+    assert len(upstream_recorder.requests(f"/collections/{direct.id}/delete", "POST")) == 2
+
+
+def test_get_through_gate_omits_quarantined_record(chroma_direct, chroma_gated):
+    direct, gated = collections(chroma_direct, chroma_gated, "getq")
+    ids, embs, docs, mds = benign_batch(2, seed=500)
+    gated.add(ids=ids, embeddings=embs, documents=docs, metadatas=mds)
+    write_outcome(lambda: gated.add(ids=["p1"], embeddings=vectors(1, DIM, seed=8), documents=[POISONED["policy_claim"]]))
+
+    by_id = gated.get(ids=["b0", "p1", "b1"], include=["documents"])
+    assert sorted(by_id["ids"]) == ["b0", "b1"]
+    assert POISONED["policy_claim"] not in by_id["documents"]
+    everything = gated.get(include=["documents"])
+    assert sorted(everything["ids"]) == ["b0", "b1"]
+    q = gated.query(query_embeddings=vectors(1, DIM, seed=8), n_results=5, include=["documents"])
+    assert "p1" not in q["ids"][0]
+    assert sorted(direct.get()["ids"]) == ["b0", "b1"]
+
+
+# --------------------------------------------------------------------------- raw HTTP tests
+
+
+@pytest.mark.parametrize("kind", sorted(POISONED))
+def test_refusal_answer_shape(kind, chroma_direct, gate_proxy, gate_api, upstream_recorder):
+    """403: problem+json with reason codes, obstruction and receipt; 202: a JSON
+    body (the chromadb client parses every 2xx body) naming the held record
+    and its receipt."""
+    direct = chroma_direct.create_collection(unique_name("raw-refusal"), embedding_function=None)
+    text = POISONED[kind]
+    body = raw_add_body(["p1"], vectors(1, 8, seed=1), [text], [{"source": "web"}])
+    r = gate_proxy.post(f"{API}/collections/{direct.id}/add", json=body)
+
+    assert r.status_code in (202, 403), (r.status_code, r.text[:500])
+    if r.status_code == 403:
+        assert r.headers["content-type"].startswith("application/problem+json")
+        problem = r.json()
+        assert PROBLEM_KEYS <= set(problem), problem
+        assert problem["status"] == 403
+        assert problem["code"] == "integrity_blocked"
+        assert isinstance(problem["requestId"], str) and problem["requestId"]
+        assert all(isinstance(problem[k], str) and problem[k] for k in ("type", "title", "detail"))
+        reasons = find_keys(problem, lambda k: "reason" in k.lower())
+        assert reasons and any(strings_in(v) for _, v in reasons), "no reason codes in the problem"
+        assert find_keys(problem, lambda k: "obstruction" in k.lower()), "no obstruction in the problem"
+    else:
+        assert "json" in r.headers.get("content-type", "")
+        held = r.json()
+        assert "p1" in strings_in(held), held
+        decision = r.headers.get("x-integrity-decision")
+        if decision is not None:
+            assert decision in HOLD_DECISIONS
+    assert_some_receipt_fetchable(gate_api, receipt_candidates(r))
+    assert direct.count() == 0
+    assert never_reached_upstream(upstream_recorder, direct, text)
+
+
+def test_annotated_write_carries_decision_and_receipt_headers(chroma_direct, gate_proxy, gate_api, upstream_recorder):
+    """A benign write from the unknown (low-trust) default source is forwarded.
+    Every admitted write has a durable receipt before dispatch (journal before
+    dispatch), so the answer names it; when the decision annotates, the record
+    carries flat `_integrity*` metadata in Chroma. TODO(lead): if plain `allow`
+    answers without headers by design, relax the first two asserts."""
+    direct = chroma_direct.create_collection(unique_name("raw-annotate"), embedding_function=None)
+    md = {"source": "chat-transcript"}
+    body = raw_add_body(
+        ["n1"],
+        vectors(1, 8, seed=2),
+        ["A customer mentioned that the refund window might be 60 days now; not confirmed."],
+        [md],
+    )
+    r = gate_proxy.post(f"{API}/collections/{direct.id}/add", json=body)
+    assert r.status_code == 201, r.text[:500]  # Chroma's own answer to add, passed back
+    decision = r.headers.get("x-integrity-decision")
+    assert decision in FORWARD_DECISIONS, r.headers
+    assert r.headers.get("x-integrity-receipt"), r.headers
+    assert_some_receipt_fetchable(gate_api, receipt_candidates(r))
+
+    (rec,) = stored(direct).values()
+    if decision in ANNOTATE_DECISIONS:
+        assert_metadata_kept(rec[1], md)
+        assert any(k.startswith("_integrity") for k in rec[1]), rec[1]
+    else:
+        assert rec[1] == md
+    (fwd,) = upstream_recorder.requests(f"/collections/{direct.id}/add", "POST")
+    assert fwd.header("transfer-encoding") is None
+    assert int(fwd.header("content-length")) == len(fwd.body)
+
+
+def test_mixed_batch_answer_says_which_record_got_what(chroma_direct, gate_proxy):
+    direct = chroma_direct.create_collection(unique_name("raw-mixed"), embedding_function=None)
+    # Ids that cannot occur by chance inside a hex receipt id or a hash.
+    ids = ["benign-zero", "benign-one", "poison-one", "benign-two"]
+    docs = [BENIGN_DOCS[0], BENIGN_DOCS[1], POISONED["hidden_instruction"], BENIGN_DOCS[2]]
+    body = raw_add_body(ids, vectors(4, 8, seed=3), docs, [{"n": i} for i in range(4)])
+    r = gate_proxy.post(f"{API}/collections/{direct.id}/add", json=body)
+    answer = r.text + " " + " ".join(f"{k}: {v}" for k, v in r.headers.items())
+    for rid in ids:
+        assert rid in answer, f"the answer does not mention {rid}: {answer[:800]}"
+    if 200 <= r.status_code < 300:
+        # The chromadb client parses every 2xx body as JSON.
+        r.json()
+    assert sorted(direct.get()["ids"]) == ["benign-one", "benign-two", "benign-zero"]
+
+
+def test_oversized_write_is_413_and_never_forwarded(chroma_direct, gate_proxy, upstream_recorder):
+    direct = chroma_direct.create_collection(unique_name("raw-413"), embedding_function=None)
+    marker = f"oversize-{uuid.uuid4().hex}"
+    body = raw_add_body(["big"], [[0.1] * 8], [marker + "x" * (9 * 1024 * 1024)], None)
+    r = gate_proxy.post(f"{API}/collections/{direct.id}/add", json=body)
+    assert r.status_code == 413
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["code"] == "payload_too_large"
+    assert upstream_recorder.requests(f"/collections/{direct.id}/add") == []
+    assert direct.count() == 0
+
+
+def test_chunked_write_is_forwarded_whole_with_content_length(chroma_direct, gate_proxy, upstream_recorder):
+    direct = chroma_direct.create_collection(unique_name("raw-chunked"), embedding_function=None)
+    ids, embs, docs, mds = benign_batch(3, seed=600)
+    payload = json.dumps(raw_add_body(ids, embs, docs, mds)).encode()
+    parts = [payload[i : i + 4096] for i in range(0, len(payload), 4096)]
+    r = gate_proxy.post(
+        f"{API}/collections/{direct.id}/add",
+        data=iter(parts),  # a generator body: requests sends Transfer-Encoding: chunked
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 201, r.text[:500]
+    assert set(stored(direct)) == set(ids)
+    (fwd,) = upstream_recorder.requests(f"/collections/{direct.id}/add", "POST")
+    assert fwd.framing == "content-length"
+    assert fwd.header("transfer-encoding") is None
+    assert fwd.json()["ids"] == ids
+
+
+def _read_response(reader):
+    head = reader.until(b"\r\n\r\n")
+    start, headers = _parse_head(head)
+    _, body, _ = _read_body(reader, headers)
+    return int(start.split(" ")[1]), headers, body
+
+
+def test_expect_100_continue_is_answered_and_keep_alive_kept(chroma_direct, gate, upstream_recorder):
+    direct = chroma_direct.create_collection(unique_name("raw-expect"), embedding_function=None)
+    ids, embs, docs, mds = benign_batch(2, seed=700)
+    payload = json.dumps(raw_add_body(ids, embs, docs, mds)).encode()
+    path = f"{API}/collections/{direct.id}/add"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{gate.proxy_port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        "Expect: 100-continue\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", gate.proxy_port), timeout=30) as s:
+        reader = _Reader(s)
+        s.sendall(head)
+        interim = reader.until(b"\r\n\r\n")
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+        s.sendall(payload)
+        status, _, body = _read_response(reader)
+        assert status == 201, body[:500]
+        # Same connection, next request: keep-alive survived the interim answer.
+        s.sendall(f"GET {HEARTBEAT} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        status, _, body = _read_response(reader)
+        assert status == 200 and b"nanosecond heartbeat" in body
+    assert set(stored(direct)) == set(ids)
+    (fwd,) = upstream_recorder.requests(path, "POST")
+    assert fwd.header("expect") is None
+    assert fwd.framing == "content-length"
