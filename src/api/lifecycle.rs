@@ -99,10 +99,10 @@ fn one_of<T: Copy>(all: &[T], name: impl Fn(T) -> &'static str) -> String {
 /// List obstructions, newest first.
 #[utoipa::path(get, path = "/substrate/obstructions", tag = "lifecycle",
     params(
-        ("tenantId" = Option<String>, Query, description = "Must be the API key's tenant"),
+        ("tenantId" = Option<Uuid>, Query, description = "Must be the API key's tenant"),
         ("status" = Option<ObstructionStatus>, Query, description = "Only obstructions in this status"),
         ("targetId" = Option<String>, Query, description = "Only obstructions of this target (trace, action, record...)"),
-        ("limit" = Option<i64>, Query, description = "1 to 200, default 50")
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "1 to 200, default 50")
     ),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
@@ -260,10 +260,10 @@ lifecycle_action!(complete_plan, "/substrate/repair-plans/{id}/complete", "Repai
 /// List repair plans, newest first.
 #[utoipa::path(get, path = "/substrate/repair-plans", tag = "lifecycle",
     params(
-        ("tenantId" = Option<String>, Query, description = "Must be the API key's tenant"),
+        ("tenantId" = Option<Uuid>, Query, description = "Must be the API key's tenant"),
         ("status" = Option<RepairStatus>, Query, description = "Only plans in this status"),
-        ("obstructionId" = Option<String>, Query, description = "Only plans of this obstruction"),
-        ("limit" = Option<i64>, Query, description = "1 to 200, default 50")
+        ("obstructionId" = Option<Uuid>, Query, description = "Only plans of this obstruction"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "1 to 200, default 50")
     ),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(

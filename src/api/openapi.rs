@@ -67,7 +67,7 @@ pub const API_VERSION: &str = "0.14.0-rc1";
         GovernedTargetType, RiskClass, RuntimeDecision, GovernanceOutcome, EvaluationProfile, EvaluationMode, KernelStatus,
         TracePhase, AllowedInfluence, ObstructionType, ObstructionStatus, ObstructionTargetType, RepairClass, RepairStatus,
         ExpectedOutcome, CoordinationSubjectType, CoordinationRegime, ReplayStatus, SubscriptionStatus,
-        ConfigurationMember, ConfigurationEvaluateRequest, ConfigurationEvaluateResponse, WeakestLink, Boundary, Conflict, MemberView,
+        SubjectRef, PromotionTarget, ConfigurationMember, ConfigurationEvaluateRequest, ConfigurationEvaluateResponse, WeakestLink, Boundary, Conflict, MemberView,
         CanonicalizationEvaluateRequest, CanonicalizationEvaluateResponse, Assessment,
         RetrievalCandidate, RetrievalFilterRequest, RetrievalFilterResponse, RetrievalResult, TreatmentCounts, RetrievalTreatment,
         ProtectedAction, ActionKind, ActionReleaseRequest, ActionReleaseResponse, BasisView,
@@ -75,7 +75,7 @@ pub const API_VERSION: &str = "0.14.0-rc1";
         LifecycleActionRequest, LifecycleResponse, ObstructionDetail, RepairPlanDetail,
         WebhookSubscription, WebhookSubscriptionUpsert, WebhookRotateRequest, WebhookRotateResponse,
         WebhookDelivery, WebhookRedriveRequest, WebhookRedriveResponse,
-        super::quarantine::QuarantineEntry, super::quarantine::QuarantineStatus, super::quarantine::HeldRequest,
+        super::quarantine::QuarantineEntry, super::quarantine::QuarantineStatus, super::quarantine::QuarantineFilter, super::quarantine::HeldRequest,
         super::quarantine::QuarantineList, super::quarantine::QuarantineReleaseResponse, super::quarantine::QuarantineRejectResponse
     )),
     modifiers(&Security),
@@ -176,6 +176,71 @@ fn tenant_header_as_parameter(doc: &mut serde_json::Value) {
                     }));
                 }
             }
+            // The header brings its own 400 to operations that have no other input.
+            if let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                responses.entry("400").or_insert_with(|| {
+                    json!({
+                        "description": "x-tenant-id is not a UUID (named in errors[])",
+                        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+                    })
+                });
+            }
+        }
+    }
+}
+
+/// `eventName` (query filters, subscriptions, deliveries) is one of the contract's event names
+/// (400 otherwise): the served document lists them as an enum, from the same table the handlers
+/// check against.
+fn event_name_enums(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    let names: Vec<Value> = crate::webhooks::events::EVENT_NAMES
+        .iter()
+        .map(|n| Value::from(*n))
+        .collect();
+    // Subscriptions (and the deliveries that name them) carry one of them, too.
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    {
+        for schema in schemas.values_mut() {
+            if let Some(prop) = schema.pointer_mut("/properties/eventName") {
+                *prop = serde_json::json!({"type": "string", "enum": names});
+            }
+        }
+    }
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for op in item.values_mut().filter_map(Value::as_object_mut) {
+            let Some(Value::Array(params)) = op.get_mut("parameters") else {
+                continue;
+            };
+            for p in params.iter_mut() {
+                if p["in"] == "query" && p["name"] == "eventName" {
+                    p["schema"] = serde_json::json!({"type": "string", "enum": names});
+                }
+            }
+        }
+    }
+}
+
+/// A secret a caller gives: `whsec_` + standard base64 (padded, canonical: the key bytes, as
+/// Standard Webhooks libraries read it), or any other non-empty string (its UTF-8 bytes are the
+/// key). `key_bytes` in `webhooks::signing` is the parser this describes.
+fn secret_schemas(doc: &mut serde_json::Value) {
+    const BASE64: &str = "^whsec_([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{4}|[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)$";
+    for (schema, min) in [("WebhookSubscriptionUpsert", 1), ("WebhookRotateRequest", 16)] {
+        if let Some(prop) =
+            doc.pointer_mut(&format!("/components/schemas/{schema}/properties/secret"))
+        {
+            *prop = serde_json::json!({
+                "type": "string",
+                "minLength": min,
+                "description": "whsec_ + standard base64 of the key bytes, or any other string (its UTF-8 bytes are the key)",
+                "anyOf": [{"pattern": BASE64}, {"not": {"pattern": "^whsec_"}}]
+            });
         }
     }
 }
@@ -234,6 +299,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
 static DOC: LazyLock<String> = LazyLock::new(|| {
     let mut doc = serde_json::to_value(document()).unwrap_or_default();
     tenant_header_as_parameter(&mut doc);
+    event_name_enums(&mut doc);
+    secret_schemas(&mut doc);
     add_links(&mut doc);
     serde_json::to_string(&doc).unwrap_or_else(|_| "{}".into())
 });
@@ -242,4 +309,80 @@ static DOC: LazyLock<String> = LazyLock::new(|| {
 #[utoipa::path(get, path = "/openapi.json", tag = "health", responses((status = 200, description = "OpenAPI 3.1.0 document", content_type = "application/json", body = Object)))]
 pub async fn serve() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], DOC.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The documented reference pattern is the one the handlers parse with.
+    #[test]
+    fn subject_ref_pattern_is_the_parsers() {
+        let doc: serde_json::Value = serde_json::from_str(&DOC).unwrap();
+        assert_eq!(
+            doc["components"]["schemas"]["SubjectRef"]["pattern"],
+            crate::kernel::operations::SUBJECT_REF_PATTERN
+        );
+        let re = regex::Regex::new(crate::kernel::operations::SUBJECT_REF_PATTERN).unwrap();
+        let id = "0b7c9a52-6f0e-4a57-9d1c-2f6a3e0b9c11";
+        for ok in [id.to_string(), format!("trace:{id}"), format!("receipt:{id}"), id.to_uppercase()] {
+            assert!(re.is_match(&ok));
+            assert!(crate::kernel::operations::parse_subject_ref(&ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            format!(" {id}"),
+            format!("Trace:{id}"),
+            format!("action:{id}"),
+            id.replace('-', ""),
+            format!("{{{id}}}"),
+            format!("urn:uuid:{id}"),
+        ] {
+            assert!(!re.is_match(&bad));
+            assert!(crate::kernel::operations::parse_subject_ref(&bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The documented secret schema accepts exactly what `key_bytes` accepts.
+    #[test]
+    fn secret_schema_is_the_parsers() {
+        use crate::webhooks::signing::key_bytes;
+        let doc: serde_json::Value = serde_json::from_str(&DOC).unwrap();
+        let prop = &doc["components"]["schemas"]["WebhookSubscriptionUpsert"]["properties"]["secret"];
+        let canonical = regex::Regex::new(prop["anyOf"][0]["pattern"].as_str().unwrap()).unwrap();
+        let documented = |s: &str| !s.is_empty() && (canonical.is_match(s) || !s.starts_with("whsec_"));
+        const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut cases = vec![
+            String::new(), "whsec_".into(), "whsec_ AAAA".into(), "whsec_AAAA ".into(), "whsec_AAA".into(),
+            "whsec_AAAA=".into(), "whsec_====".into(), "whsec".into(), "a".into(), "whsec-AAAA".into(),
+        ];
+        for &a in ALPHABET {
+            for &b in ALPHABET {
+                cases.push(format!("whsec_AAAA{}{}==", a as char, b as char));
+                for &c in ALPHABET.iter().step_by(3) {
+                    cases.push(format!("whsec_{}{}{}=", a as char, b as char, c as char));
+                }
+            }
+        }
+        for case in cases {
+            assert_eq!(documented(&case), key_bytes(&case).is_ok(), "{case:?}");
+        }
+    }
+
+    /// Every operation that takes input documents the 400 it answers for bad input.
+    #[test]
+    fn operations_with_input_document_400() {
+        let doc: serde_json::Value = serde_json::from_str(&DOC).unwrap();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let takes_input = op.get("requestBody").is_some()
+                    || op["parameters"].as_array().is_some_and(|p| !p.is_empty());
+                if takes_input {
+                    assert!(
+                        op["responses"].get("400").is_some(),
+                        "{method} {path} takes input but documents no 400"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -38,6 +38,18 @@ pub enum QuarantineStatus {
     Rejected,
 }
 
+/// The `status` filter of the quarantine list: one status, or `all`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)] // documents the query parameter; the handler parses the raw query itself
+pub enum QuarantineFilter {
+    Held,
+    Releasing,
+    Released,
+    Rejected,
+    All,
+}
+
 impl QuarantineStatus {
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
@@ -209,9 +221,9 @@ fn percent_decode(s: &str) -> Option<String> {
 /// List held records (newest first).
 #[utoipa::path(get, path = "/substrate/quarantine", tag = "quarantine",
     params(
-        ("status" = Option<String>, Query, description = "held (default), releasing, released, rejected or all"),
-        ("limit" = Option<u32>, Query, description = "1..200, default 50"),
-        ("tenantId" = Option<String>, Query, description = "Must be the API key's tenant when given")
+        ("status" = Option<QuarantineFilter>, Query, description = "held (default), releasing, released, rejected or all"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "1..200, default 50"),
+        ("tenantId" = Option<Uuid>, Query, description = "Must be the API key's tenant when given")
     ),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(

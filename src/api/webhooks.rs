@@ -8,7 +8,7 @@ use crate::kernel::types::{ProductSurface, SubscriptionStatus};
 use crate::state::AppState;
 use crate::webhooks::repo::{Redrive, SubscriptionFilter, SubscriptionWrite};
 use crate::webhooks::signing::{key_bytes, Secret};
-use crate::webhooks::ssrf::{parse_target, NetPolicy};
+use crate::webhooks::ssrf::{parse_target, NetPolicy, TargetError};
 use crate::webhooks::{
     is_event_name, WebhookDelivery, WebhookRedriveRequest, WebhookRedriveResponse,
     WebhookRotateRequest, WebhookRotateResponse, WebhookSubscription, WebhookSubscriptionUpsert,
@@ -99,7 +99,8 @@ const PROBLEMS: &str = "application/problem+json";
 /// Revoking cancels the subscription's undelivered deliveries. `targetUrl`
 /// is resolved: loopback, private, link-local, unique-local, CGNAT,
 /// multicast and metadata addresses are refused unless the config's
-/// `webhooks.allow_networks` names them.
+/// `webhooks.allow_networks` names them. A name that does not resolve yet is
+/// accepted; every delivery resolves it again and is refused then if forbidden.
 #[utoipa::path(post, path = "/substrate/webhooks/subscriptions", tag = "webhooks",
     request_body = WebhookSubscriptionUpsert,
     security(("bearer" = []), ("tenantHeader" = [])),
@@ -136,11 +137,14 @@ pub async fn upsert_subscription(
     if !errors.is_empty() {
         return Err(ApiError::fields(errors));
     }
+    // A name that resolves to a forbidden address, or a forbidden address literal, is refused
+    // here. A name that does not resolve yet (a receiver not deployed yet, a DNS outage) is
+    // accepted: every delivery resolves it again and is refused then if it is forbidden.
     let policy = NetPolicy::new(&state.runtime().config.webhooks.allow_networks);
-    policy
-        .check_target(&req.target_url)
-        .await
-        .map_err(|e| ApiError::field("targetUrl", e.to_string()))?;
+    match policy.check_target(&req.target_url).await {
+        Ok(_) | Err(TargetError::Unresolvable(_)) => {}
+        Err(e) => return Err(ApiError::field("targetUrl", e.to_string())),
+    }
     let stored = state
         .store
         .upsert_subscription(

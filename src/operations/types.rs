@@ -14,6 +14,26 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+// ---------------------------------------------------------------- documentation-only schemas
+
+/// A reference to a trace, a signal or a receipt of the tenant: `trace:<uuid>`,
+/// `signal:<uuid>`, `receipt:<uuid>` or a bare (hyphenated) UUID. Documents the request
+/// fields that hold one; the handlers parse them with `parse_subject_ref`, whose pattern this is.
+#[derive(ToSchema)]
+#[schema(pattern = "^((trace|signal|receipt):)?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
+#[allow(dead_code)]
+pub struct SubjectRef(String);
+
+/// The phases a trace can be promoted to.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum PromotionTarget {
+    Accepted,
+    Canonical,
+    Crystallized,
+}
+
 // ---------------------------------------------------------------- configurations
 
 /// One member of a candidate configuration.
@@ -22,6 +42,7 @@ use uuid::Uuid;
 pub struct ConfigurationMember {
     /// `trace:<uuid>`, `signal:<uuid>`, `receipt:<uuid>` or a bare UUID (a trace, a signal or a receipt).
     #[serde(rename = "ref")]
+    #[schema(value_type = SubjectRef)]
     pub reference: String,
     /// Free text: what the member does in the configuration (`memory`, `policy`, ...).
     #[serde(
@@ -29,6 +50,7 @@ pub struct ConfigurationMember {
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false)]
     pub role: Option<String>,
 }
 
@@ -36,17 +58,22 @@ pub struct ConfigurationMember {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigurationEvaluateRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     /// 1 to 100 members, each named once.
+    #[schema(min_items = 1, max_items = 100)]
     pub members: Vec<ConfigurationMember>,
     /// Where the configuration will act; default: the strictest member's substrate.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub target_substrate: Option<TargetSubstrate>,
     /// What it will do there (default `update_trace`); selects the policy requirement.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub proposed_mutation: Option<ProposedMutation>,
     /// Influence every member must carry; default `accepted_context`.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub required_influence: Option<AllowedInfluence>,
 }
 
@@ -77,13 +104,16 @@ pub struct ConfigurationEvaluateResponse {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CanonicalizationEvaluateRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     pub trace_id: Uuid,
     /// `accepted`, `canonical` or `crystallized`.
+    #[schema(value_type = PromotionTarget)]
     pub target_phase: TracePhase,
     /// Promote now if nothing is missing; the API key's authority ceiling
     /// counts as the promotion's authority and must meet the policy's requirement.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub apply: Option<bool>,
 }
 
@@ -120,6 +150,7 @@ pub struct RetrievalCandidate {
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false)]
     pub text: Option<String>,
 }
 
@@ -127,14 +158,18 @@ pub struct RetrievalCandidate {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RetrievalFilterRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     /// 1 to 1000 candidates.
+    #[schema(min_items = 1, max_items = 1000)]
     pub candidates: Vec<RetrievalCandidate>,
     /// Collection (or index) the candidates come from: record ids are looked up in it.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, min_length = 1, max_length = 512)]
     pub collection: Option<String>,
     /// Filter pack of the store, for the audit record.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, min_length = 1, max_length = 128)]
     pub pack: Option<String>,
 }
 
@@ -181,6 +216,7 @@ pub struct ProtectedAction {
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false)]
     pub id: Option<Uuid>,
     pub kind: ActionKind,
     /// The tool, the recipient of the disclosure, or the deployment target.
@@ -191,13 +227,14 @@ pub struct ProtectedAction {
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(value_type = Option<Object>)]
+    #[schema(nullable = false, value_type = Option<Object>)]
     pub parameters: Option<FreeForm>,
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
+    #[schema(nullable = false, max_length = 2000)]
     pub description: Option<String>,
 }
 
@@ -205,10 +242,12 @@ pub struct ProtectedAction {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ActionReleaseRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     pub action: ProtectedAction,
     /// The traces the action relies on (1 to 100): `trace:<uuid>`,
     /// `signal:<uuid>`, `receipt:<uuid>` or bare UUIDs.
+    #[schema(value_type = Vec<SubjectRef>, min_items = 1, max_items = 100)]
     pub basis: Vec<String>,
 }
 
@@ -236,17 +275,22 @@ pub struct ActionReleaseResponse {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReversalEvaluateRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     /// `signal:<uuid>`, `receipt:<uuid>`, `trace:<uuid>` or a bare UUID.
+    #[schema(value_type = SubjectRef)]
     pub target: String,
     /// Default `revoke`.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub mode: Option<ReversalMode>,
     /// Revoke now (needs the policy's release authority); default false.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub apply: Option<bool>,
-    /// Why; bound in the receipt.
+    /// Why; bound in the receipt (at most 2000 characters).
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, max_length = 2000)]
     pub reason: Option<String>,
 }
 
@@ -291,9 +335,11 @@ pub struct ReversalEvaluateResponse {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LifecycleActionRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     /// Why; bound in the receipt (at most 2000 characters).
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false, max_length = 2000)]
     pub reason: Option<String>,
 }
 

@@ -51,8 +51,10 @@ pub struct WebhookSubscription {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WebhookSubscriptionUpsert {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub id: Option<Uuid>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     pub product_surface: ProductSurface,
     #[schema(min_length = 1)]
@@ -60,13 +62,14 @@ pub struct WebhookSubscriptionUpsert {
     #[schema(format = "uri")]
     pub target_url: String,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
+    #[schema(nullable = false, value_type = Option<String>)]
     pub secret: Option<Secret>,
     /// Default `active`.
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub status: Option<SubscriptionStatus>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(nullable = false, value_type = Option<Object>)]
     pub metadata: Option<FreeForm>,
 }
 
@@ -75,12 +78,14 @@ pub struct WebhookSubscriptionUpsert {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WebhookRotateRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
     /// At least 16 characters.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>, min_length = 16)]
+    #[schema(nullable = false, value_type = Option<String>, min_length = 16)]
     pub secret: Option<Secret>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub rotation_reason: Option<String>,
 }
 
@@ -150,6 +155,7 @@ pub struct WebhookDelivery {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WebhookRedriveRequest {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub tenant_id: Option<Uuid>,
 }
 

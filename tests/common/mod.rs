@@ -89,6 +89,8 @@ pub struct GateOptions {
     pub upstream: String,
     pub packs: Vec<String>,
     pub policy_mode: String,
+    /// Extra keys of the `[policies.default]` table (thresholds, `release_authority`, ...).
+    pub policy_extra: String,
     /// Appended to the generated config (extra sections).
     pub extra: String,
     pub webhook_schedule: String,
@@ -110,6 +112,7 @@ impl GateOptions {
             upstream: "127.0.0.1:9".into(),
             packs: vec![],
             policy_mode: "enforcement".into(),
+            policy_extra: String::new(),
             extra: String::new(),
             webhook_schedule: "[0, 1, 1]".into(),
             proxy_extra: String::new(),
@@ -211,6 +214,7 @@ authority_ceiling = 0.9
 
 [policies.default]
 mode = "{mode}"
+{policy_extra}
 {limits}
 {extra}
 "#,
@@ -224,6 +228,7 @@ mode = "{mode}"
         limited = sha256_hex(LIMITED_KEY),
         other = sha256_hex(OTHER_KEY),
         mode = opts.policy_mode,
+        policy_extra = opts.policy_extra,
         limits = if opts.limits.is_empty() {
             String::new()
         } else {

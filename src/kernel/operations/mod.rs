@@ -82,9 +82,26 @@ pub fn parse_ref(raw: &str) -> Option<NodeRef> {
     None
 }
 
+/// What a reference field of a request accepts, as documented in `/openapi.json`.
+pub const SUBJECT_REF_PATTERN: &str = "^((trace|signal|receipt):)?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+
 /// Parses a reference named in a request; the error message is for a 400.
+/// Stricter than [`parse_ref`] (which reads references out of free text): exactly
+/// [`SUBJECT_REF_PATTERN`], no surrounding space, lower-case prefix, hyphenated UUID.
 pub fn parse_subject_ref(raw: &str) -> Result<NodeRef, String> {
-    parse_ref(raw).ok_or_else(|| {
+    let (kind, rest) = match raw.split_once(':') {
+        Some(("receipt", rest)) => (Some(NodeKind::Receipt), rest),
+        Some(("signal", rest)) => (Some(NodeKind::Signal), rest),
+        Some(("trace", rest)) => (Some(NodeKind::Trace), rest),
+        Some(_) => (None, ""),
+        None => (None, raw),
+    };
+    // 36 characters that parse are the hyphenated form (simple, braced and URN differ in length).
+    let parsed = (rest.len() == 36)
+        .then(|| Uuid::parse_str(rest).ok())
+        .flatten()
+        .map(|id| NodeRef { kind, id });
+    parsed.ok_or_else(|| {
         "must be a UUID or one of trace:<uuid>, signal:<uuid>, receipt:<uuid>".to_string()
     })
 }
