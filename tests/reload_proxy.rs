@@ -215,6 +215,10 @@ async fn twenty_reloads_of_policy_and_pack_under_proxy_load() {
             "{b:?}: requests failed during reloads: {:?}",
             &failures[..failures.len().min(5)]
         );
+        eprintln!(
+            "{b:?}: 20 reloads under load: {} proxied requests ok, 0 failed, {n} probes",
+            ok.load(Ordering::Relaxed)
+        );
         let ok_reloads = reloads_ok(&g).await;
         assert!(ok_reloads >= 20, "{b:?}: {ok_reloads} reloads counted ok");
     }
