@@ -70,6 +70,16 @@ pub static JOURNAL_COMMIT: LazyLock<Histogram> = LazyLock::new(|| {
     )
     .expect("metric"))
 });
+pub static GROUP_COMMIT_BATCHES: LazyLock<Histogram> = LazyLock::new(|| {
+    reg(Histogram::with_opts(
+        HistogramOpts::new(
+            "substrate_gate_group_commit_batches",
+            "Proxied receipt batches per group-commit transaction",
+        )
+        .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+    )
+    .expect("metric"))
+});
 pub static UPSTREAM: LazyLock<HistogramVec> = LazyLock::new(|| {
     reg(HistogramVec::new(
         HistogramOpts::new(
@@ -156,6 +166,7 @@ pub fn init() {
     LazyLock::force(&KERNEL_LATENCY);
     LazyLock::force(&KERNEL_CACHE);
     LazyLock::force(&JOURNAL_COMMIT);
+    LazyLock::force(&GROUP_COMMIT_BATCHES);
     LazyLock::force(&UPSTREAM);
     LazyLock::force(&PROXY_RECORDS);
     LazyLock::force(&RETRIEVAL);

@@ -186,7 +186,7 @@ pub async fn commit(
     }
     state
         .store
-        .commit_receipts(tenant, &signals, writes, extra)
+        .commit_receipts_grouped(tenant, &signals, writes, extra)
         .await
 }
 

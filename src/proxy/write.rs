@@ -601,7 +601,7 @@ pub(super) async fn forward(
                 };
                 let err = error.to_string();
                 tokio::spawn(async move {
-                    if let Err(e) = store.settle_dispatch(rid, verdict, None, Some(&err)).await {
+                    if let Err(e) = store.settle_dispatch_later(rid, verdict, None, Some(err)).await {
                         tracing::error!(error = %e, "journal: could not record a failed dispatch");
                     }
                 });
@@ -620,7 +620,7 @@ pub(super) async fn forward(
                 };
                 tokio::spawn(async move {
                     if let Err(e) = store
-                        .settle_dispatch(rid, verdict, Some(status), None)
+                        .settle_dispatch_later(rid, verdict, Some(status), None)
                         .await
                     {
                         tracing::error!(error = %e, "journal: could not record the upstream's answer");

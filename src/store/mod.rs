@@ -5,6 +5,7 @@
 
 #[macro_use]
 mod receipts;
+mod group;
 mod operations;
 mod proxy;
 pub use operations::*;
@@ -22,7 +23,7 @@ use std::time::Duration;
 static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 static POSTGRES_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or answered with an error: writes fail closed (503).
     #[error("storage unavailable: {0}")]
@@ -68,6 +69,7 @@ pub const POSTGRES: Dialect = Dialect {
     skip_locked: " FOR UPDATE SKIP LOCKED",
 };
 
+#[derive(Clone)]
 pub enum Backend {
     Sqlite { write: SqlitePool, read: SqlitePool },
     Postgres(PgPool),
@@ -75,6 +77,8 @@ pub enum Backend {
 
 pub struct Store {
     pub backend: Backend,
+    /// The group committer of proxied receipts (see [`group`]).
+    group: Option<group::Queue>,
 }
 
 /// Runs `$body` with `$p` bound to the pool for reads (or writes) and `$d` to
@@ -181,7 +185,14 @@ impl Store {
                 .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
             Backend::Postgres(pool)
         };
-        Ok(Store { backend })
+        let group = group::spawn(Store {
+            backend: backend.clone(),
+            group: None,
+        });
+        Ok(Store {
+            backend,
+            group: Some(group),
+        })
     }
 
     pub fn dialect(&self) -> &'static Dialect {

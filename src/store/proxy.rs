@@ -310,6 +310,62 @@ impl Store {
     }
 
     /// Records the upstream's answer for every still-pending row of a dispatched request.
+    /// [`Store::settle_dispatch`] through the group committer (answers at once; the journal
+    /// row is updated with the next group). A settle lost to a crash leaves the row `pending`,
+    /// which start-up reconciliation resolves by reading the record back.
+    pub async fn settle_dispatch_later(
+        &self,
+        request_id: Uuid,
+        status: &'static str,
+        upstream_status: Option<u16>,
+        detail: Option<String>,
+    ) -> Result<()> {
+        let s = super::group::Settle {
+            request_id,
+            status,
+            upstream_status,
+            detail,
+        };
+        match &self.group {
+            Some(q) => super::group::settle(self, q, s).await,
+            None => self.settle_all(vec![s]).await,
+        }
+    }
+
+    /// Settles many dispatches in one transaction: one UPDATE per distinct outcome.
+    pub(super) async fn settle_all(&self, settles: Vec<super::group::Settle>) -> Result<()> {
+        let mut outcomes: Vec<((&str, Option<u16>, Option<String>), Vec<String>)> = Vec::new();
+        for s in settles {
+            let key = (s.status, s.upstream_status, s.detail);
+            let id = s.request_id.to_string();
+            match outcomes.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, ids)) => ids.push(id),
+                None => outcomes.push((key, vec![id])),
+            }
+        }
+        let updated = now();
+        with_pool!(self, write, |p, _d| {
+            let mut tx = p.begin().await?;
+            for ((status, upstream_status, detail), ids) in &outcomes {
+                for chunk in ids.chunks(500) {
+                    let marks: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 5)).collect();
+                    let sql = format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE status = 'pending' AND request_id IN ({})", marks.join(", "));
+                    let mut q = sqlx::query(&sql)
+                        .bind(*status)
+                        .bind(upstream_status.map(i64::from))
+                        .bind(detail.as_deref())
+                        .bind(&updated);
+                    for id in chunk {
+                        q = q.bind(id);
+                    }
+                    q.execute(&mut *tx).await?;
+                }
+            }
+            tx.commit().await?;
+            Ok::<_, StoreError>(())
+        })
+    }
+
     pub async fn settle_dispatch(
         &self,
         request_id: Uuid,

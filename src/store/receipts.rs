@@ -547,6 +547,26 @@ pub fn event_body(
     serde_json::json!({"type": name, "id": event_id, "timestamp": timestamp, "tenantId": tenant, "data": data}).to_string()
 }
 
+/// The `signals` rows of a batch (serialized by the caller, off the writer).
+fn signal_rows(tenant: Uuid, signals: &[NormalizedSignal]) -> Result<Vec<Vec<Bind>>> {
+    let tenant_s = tenant.to_string();
+    let created = now();
+    let mut rows = Vec::with_capacity(signals.len());
+    for s in signals {
+        let body = serde_json::to_string(s).map_err(corrupt("signal"))?;
+        rows.push(vec![
+            Bind::text(s.id.to_string()),
+            Bind::text(&tenant_s),
+            Bind::text(s.trace_id.to_string()),
+            Bind::text(&s.source_id),
+            Bind::text(&s.payload_digest),
+            Bind::text(body),
+            Bind::text(&created),
+        ]);
+    }
+    Ok(rows)
+}
+
 /// A value bound into a statement committed with a batch of receipts.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Bind {
@@ -687,22 +707,43 @@ impl Store {
         writes: Vec<ReceiptWrite>,
         extra: Vec<Stmt>,
     ) -> Result<Vec<CommittedReceipt>> {
+        let signal_rows = signal_rows(tenant, signals)?;
+        self.commit_rows(tenant, signal_rows, writes, extra).await
+    }
+
+    /// [`Store::commit_receipts`] through the group committer: receipts of writes that arrive
+    /// while another group commits share the next transaction (see `store::group`). Only for
+    /// batches whose further statements are plain inserts of fresh rows (the proxy's journal and
+    /// quarantine rows), so that nothing one batch carries can make another's fail; anything
+    /// else, or no committer running, commits on its own.
+    pub async fn commit_receipts_grouped(
+        &self,
+        tenant: Uuid,
+        signals: &[NormalizedSignal],
+        writes: Vec<ReceiptWrite>,
+        extra: Vec<Stmt>,
+    ) -> Result<Vec<CommittedReceipt>> {
+        let signal_rows = signal_rows(tenant, signals)?;
+        let groupable = extra.iter().all(|s| matches!(s, Stmt::Insert { .. }));
+        match &self.group {
+            Some(group) if groupable => {
+                super::group::commit(self, group, tenant, signal_rows, writes, extra).await
+            }
+            _ => self.commit_rows(tenant, signal_rows, writes, extra).await,
+        }
+    }
+
+    /// The transaction of [`Store::commit_receipts`], with the signals already as rows.
+    pub(super) async fn commit_rows(
+        &self,
+        tenant: Uuid,
+        mut signal_rows: Vec<Vec<Bind>>,
+        writes: Vec<ReceiptWrite>,
+        extra: Vec<Stmt>,
+    ) -> Result<Vec<CommittedReceipt>> {
         let tenant_s = tenant.to_string();
         let created = now();
         let timer = std::time::Instant::now();
-        let mut signal_rows = Vec::with_capacity(signals.len());
-        for s in signals {
-            let body = serde_json::to_string(s).map_err(corrupt("signal"))?;
-            signal_rows.push(vec![
-                Bind::text(s.id.to_string()),
-                Bind::text(&tenant_s),
-                Bind::text(s.trace_id.to_string()),
-                Bind::text(&s.source_id),
-                Bind::text(&s.payload_digest),
-                Bind::text(body),
-                Bind::text(&created),
-            ]);
-        }
         let out = with_pool!(self, write, |p, d| {
             let mut tx = p.begin().await?;
             sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")

@@ -1,0 +1,229 @@
+//! Group commit of proxied receipts.
+//!
+//! On SQLite every write goes through one connection, and a receipt batch is about ten
+//! statements, each a round trip to sqlx's connection thread: one transaction per proxied
+//! request caps the proxy's writes at a few hundred per second whatever the CPU. So batches
+//! queue here, and one task commits them: it takes every batch that is waiting (up to
+//! [`MAX_GROUP_RECEIPTS`] receipts), appends them to their tenant's chain in arrival order in ONE
+//! transaction (same statements, more rows), and answers each caller with its own receipts.
+//! While one group commits the next one gathers, so a lone write waits for nothing and a
+//! crowd shares the cost. Nothing is acknowledged before its group has committed: durability
+//! is exactly that of [`Store::commit_receipts`]. A group holds only batches whose statements
+//! insert fresh rows (see [`Store::commit_receipts_grouped`]), so a group fails only as a
+//! whole, on a storage error every member would have hit alone.
+
+use super::receipts::{Bind, CommittedReceipt, ReceiptWrite, Stmt};
+use super::{Result, Store, StoreError};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+/// Receipts per group: a 2,000-record batch still commits on its own, in one transaction.
+const MAX_GROUP_RECEIPTS: usize = 512;
+/// Batches waiting at most; a caller beyond waits to enqueue (backpressure).
+const QUEUE_DEPTH: usize = 4096;
+
+pub(super) type Queue = mpsc::Sender<Work>;
+
+pub(super) enum Work {
+    Receipts(Job),
+    /// The upstream's answer to a journaled dispatch (see [`Store::settle_dispatch`]): settles
+    /// waiting together become one UPDATE per distinct outcome.
+    Settle(Settle),
+}
+
+pub(super) struct Settle {
+    pub request_id: Uuid,
+    pub status: &'static str,
+    pub upstream_status: Option<u16>,
+    pub detail: Option<String>,
+}
+
+pub(super) struct Job {
+    tenant: Uuid,
+    signal_rows: Vec<Vec<Bind>>,
+    writes: Vec<ReceiptWrite>,
+    extra: Vec<Stmt>,
+    reply: oneshot::Sender<Result<Vec<CommittedReceipt>>>,
+}
+
+/// Starts the committer on the current runtime; it ends when the last [`Queue`] is dropped.
+pub(super) fn spawn(store: Store) -> Queue {
+    let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+    tokio::spawn(run(store, rx));
+    tx
+}
+
+/// Queues one batch and waits for its group to commit. If the committer is gone (its runtime
+/// is shutting down), the batch commits on its own.
+pub(super) async fn commit(
+    store: &Store,
+    queue: &Queue,
+    tenant: Uuid,
+    signal_rows: Vec<Vec<Bind>>,
+    writes: Vec<ReceiptWrite>,
+    extra: Vec<Stmt>,
+) -> Result<Vec<CommittedReceipt>> {
+    let (reply, answer) = oneshot::channel();
+    let job = Job {
+        tenant,
+        signal_rows,
+        writes,
+        extra,
+        reply,
+    };
+    match queue.send(Work::Receipts(job)).await {
+        Ok(()) => answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(
+                "the group committer stopped before answering".into(),
+            ))
+        }),
+        Err(mpsc::error::SendError(Work::Receipts(job))) => {
+            store
+                .commit_rows(job.tenant, job.signal_rows, job.writes, job.extra)
+                .await
+        }
+        Err(_) => unreachable!("a Receipts job comes back as it was sent"),
+    }
+}
+
+/// Queues a settle; without a running committer it is applied at once.
+pub(super) async fn settle(store: &Store, queue: &Queue, s: Settle) -> Result<()> {
+    match queue.send(Work::Settle(s)).await {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::SendError(Work::Settle(s))) => store.settle_all(vec![s]).await,
+        Err(_) => unreachable!("a Settle comes back as it was sent"),
+    }
+}
+
+async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
+    while let Some(first) = rx.recv().await {
+        let (mut jobs, mut settles, mut receipts) = (Vec::new(), Vec::new(), 0);
+        let mut next = Some(first);
+        while let Some(work) = next.take() {
+            match work {
+                Work::Receipts(job) => {
+                    receipts += job.writes.len();
+                    jobs.push(job);
+                }
+                Work::Settle(s) => settles.push(s),
+            }
+            if receipts < MAX_GROUP_RECEIPTS && settles.len() < MAX_GROUP_RECEIPTS {
+                next = rx.try_recv().ok();
+            }
+        }
+        if !settles.is_empty() {
+            if let Err(e) = store.settle_all(settles).await {
+                tracing::error!(error = %e, "journal: could not record upstream answers");
+            }
+        }
+        // One transaction per tenant (each has its own chain), tenants in arrival order.
+        let mut by_tenant: Vec<(Uuid, Vec<Job>)> = Vec::new();
+        for job in jobs {
+            match by_tenant.iter_mut().find(|(t, _)| *t == job.tenant) {
+                Some((_, group)) => group.push(job),
+                None => by_tenant.push((job.tenant, vec![job])),
+            }
+        }
+        for (tenant, group) in by_tenant {
+            commit_group(&store, tenant, group).await;
+        }
+    }
+}
+
+async fn commit_group(store: &Store, tenant: Uuid, group: Vec<Job>) {
+    crate::metrics::GROUP_COMMIT_BATCHES.observe(group.len() as f64);
+    let mut counts = Vec::with_capacity(group.len());
+    let mut replies = Vec::with_capacity(group.len());
+    let (mut signal_rows, mut writes, mut extra) = (Vec::new(), Vec::new(), Vec::new());
+    for job in group {
+        counts.push(job.writes.len());
+        replies.push(job.reply);
+        signal_rows.extend(job.signal_rows);
+        writes.extend(job.writes);
+        merge_inserts(&mut extra, job.extra);
+    }
+    match store.commit_rows(tenant, signal_rows, writes, extra).await {
+        Ok(all) => {
+            let mut all = all.into_iter();
+            for (n, reply) in counts.into_iter().zip(replies) {
+                let _ = reply.send(Ok(all.by_ref().take(n).collect()));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// Appends `more` to `into`, folding each insert into an earlier one of the same table, columns
+/// and suffix: a group runs as many statements as one batch, however many batches it holds.
+fn merge_inserts(into: &mut Vec<Stmt>, more: Vec<Stmt>) {
+    for stmt in more {
+        let Stmt::Insert {
+            table,
+            columns,
+            rows,
+            suffix,
+        } = stmt
+        else {
+            into.push(stmt);
+            continue;
+        };
+        let same = into.iter_mut().find_map(|s| match s {
+            Stmt::Insert {
+                table: t,
+                columns: c,
+                rows: r,
+                suffix: x,
+            } if *t == table && *c == columns && *x == suffix => Some(r),
+            _ => None,
+        });
+        match same {
+            Some(r) => r.extend(rows),
+            None => into.push(Stmt::Insert {
+                table,
+                columns,
+                rows,
+                suffix,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn insert(table: &'static str, n: i64) -> Stmt {
+        Stmt::Insert {
+            table,
+            columns: &["id"],
+            rows: vec![vec![Bind::int(n)]],
+            suffix: "",
+        }
+    }
+
+    #[test]
+    fn inserts_of_one_table_fold_in_first_seen_order() {
+        let mut all = Vec::new();
+        merge_inserts(&mut all, vec![insert("dispatches", 1), insert("quarantine", 2)]);
+        merge_inserts(&mut all, vec![insert("dispatches", 3)]);
+        merge_inserts(&mut all, vec![insert("quarantine", 4), insert("dispatches", 5)]);
+        let shape: Vec<(&str, Vec<Vec<Bind>>)> = all
+            .into_iter()
+            .map(|s| match s {
+                Stmt::Insert { table, rows, .. } => (table, rows),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("dispatches", vec![vec![Bind::int(1)], vec![Bind::int(3)], vec![Bind::int(5)]]),
+                ("quarantine", vec![vec![Bind::int(2)], vec![Bind::int(4)]]),
+            ]
+        );
+    }
+}
