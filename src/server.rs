@@ -122,6 +122,7 @@ pub async fn serve(path: &Path) -> Result<(), String> {
         tokio::task::spawn_blocking(move || proxy_thread.join()),
     )
     .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), state.store.flush()).await;
     state.store.close().await;
     tracing::info!("stopped");
     Ok(())

@@ -29,6 +29,8 @@ pub(super) enum Work {
     /// The upstream's answer to a journaled dispatch (see [`Store::settle_dispatch`]): settles
     /// waiting together become one UPDATE per distinct outcome.
     Settle(Settle),
+    /// Answered once everything queued before it is committed (graceful shutdown).
+    Flush(oneshot::Sender<()>),
 }
 
 pub(super) struct Settle {
@@ -77,12 +79,21 @@ pub(super) async fn commit(
                 "the group committer stopped before answering".into(),
             ))
         }),
+        // The committer is gone (its runtime is stopping): commit this batch on its own.
         Err(mpsc::error::SendError(Work::Receipts(job))) => {
             store
                 .commit_rows(job.tenant, job.signal_rows, job.writes, job.extra)
                 .await
         }
-        Err(_) => unreachable!("a Receipts job comes back as it was sent"),
+        Err(_) => Err(StoreError::Unavailable("the group committer is gone".into())),
+    }
+}
+
+/// Waits until everything queued so far is committed (or the committer is gone).
+pub(super) async fn flush(queue: &Queue) {
+    let (done, wait) = oneshot::channel();
+    if queue.send(Work::Flush(done)).await.is_ok() {
+        let _ = wait.await;
     }
 }
 
@@ -91,13 +102,14 @@ pub(super) async fn settle(store: &Store, queue: &Queue, s: Settle) -> Result<()
     match queue.send(Work::Settle(s)).await {
         Ok(()) => Ok(()),
         Err(mpsc::error::SendError(Work::Settle(s))) => store.settle_all(vec![s]).await,
-        Err(_) => unreachable!("a Settle comes back as it was sent"),
+        Err(_) => Err(StoreError::Unavailable("the group committer is gone".into())),
     }
 }
 
 async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
     while let Some(first) = rx.recv().await {
-        let (mut jobs, mut settles, mut receipts) = (Vec::new(), Vec::new(), 0);
+        let (mut jobs, mut settles, mut flushes, mut receipts) =
+            (Vec::new(), Vec::new(), Vec::new(), 0);
         let mut next = Some(first);
         while let Some(work) = next.take() {
             match work {
@@ -106,8 +118,10 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
                     jobs.push(job);
                 }
                 Work::Settle(s) => settles.push(s),
+                Work::Flush(done) => flushes.push(done),
             }
-            if receipts < MAX_GROUP_RECEIPTS && settles.len() < MAX_GROUP_RECEIPTS {
+            // A flush ends the group: it is answered after what came before it.
+            if flushes.is_empty() && receipts < MAX_GROUP_RECEIPTS && settles.len() < MAX_GROUP_RECEIPTS {
                 next = rx.try_recv().ok();
             }
         }
@@ -126,6 +140,9 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
         }
         for (tenant, group) in by_tenant {
             commit_group(&store, tenant, group).await;
+        }
+        for done in flushes {
+            let _ = done.send(());
         }
     }
 }

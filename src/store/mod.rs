@@ -215,6 +215,14 @@ impl Store {
             .unwrap_or(false)
     }
 
+    /// Commits what the group committer holds (graceful shutdown: journal settles queued by
+    /// the last requests are written before the pools close).
+    pub async fn flush(&self) {
+        if let Some(q) = &self.group {
+            group::flush(q).await;
+        }
+    }
+
     pub async fn close(&self) {
         match &self.backend {
             Backend::Sqlite { write, read } => {
