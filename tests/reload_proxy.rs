@@ -169,7 +169,11 @@ async fn twenty_reloads_of_policy_and_pack_under_proxy_load() {
 
         for k in 1..=20u32 {
             let lenient = k % 2 == 1;
-            opts.policy_extra = if lenient { LENIENT.into() } else { String::new() };
+            opts.policy_extra = if lenient {
+                LENIENT.into()
+            } else {
+                String::new()
+            };
             std::fs::write(&pack_path, pack_text(lenient)).unwrap();
             g.write_config(&g.config_with(&opts));
             if k % 2 == 0 {
@@ -183,13 +187,21 @@ async fn twenty_reloads_of_policy_and_pack_under_proxy_load() {
         }
         // After 20 reloads: the shipped thresholds and the plain pack. A broken pack (a record
         // pointer without its leading '/') with lenient thresholds: refused as a whole.
-        std::fs::write(&pack_path, pack_text(true).replace("text = \"/text\"", "text = \"text\"")).unwrap();
+        std::fs::write(
+            &pack_path,
+            pack_text(true).replace("text = \"/text\"", "text = \"text\""),
+        )
+        .unwrap();
         opts.policy_extra = LENIENT.into();
         g.write_config(&g.config_with(&opts));
         g.signal("HUP");
         let end = Instant::now() + Duration::from_secs(10);
         while !g.log().contains("config reload refused") {
-            assert!(Instant::now() < end, "{b:?}: the broken pack was not refused:\n{}", g.log());
+            assert!(
+                Instant::now() < end,
+                "{b:?}: the broken pack was not refused:\n{}",
+                g.log()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         n += 1;

@@ -231,7 +231,10 @@ fn event_name_enums(doc: &mut serde_json::Value) {
 /// key). `key_bytes` in `webhooks::signing` is the parser this describes.
 fn secret_schemas(doc: &mut serde_json::Value) {
     const BASE64: &str = "^whsec_([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{4}|[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)$";
-    for (schema, min) in [("WebhookSubscriptionUpsert", 1), ("WebhookRotateRequest", 16)] {
+    for (schema, min) in [
+        ("WebhookSubscriptionUpsert", 1),
+        ("WebhookRotateRequest", 16),
+    ] {
         if let Some(prop) =
             doc.pointer_mut(&format!("/components/schemas/{schema}/properties/secret"))
         {
@@ -325,9 +328,17 @@ mod tests {
         );
         let re = regex::Regex::new(crate::kernel::operations::SUBJECT_REF_PATTERN).unwrap();
         let id = "0b7c9a52-6f0e-4a57-9d1c-2f6a3e0b9c11";
-        for ok in [id.to_string(), format!("trace:{id}"), format!("receipt:{id}"), id.to_uppercase()] {
+        for ok in [
+            id.to_string(),
+            format!("trace:{id}"),
+            format!("receipt:{id}"),
+            id.to_uppercase(),
+        ] {
             assert!(re.is_match(&ok));
-            assert!(crate::kernel::operations::parse_subject_ref(&ok).is_ok(), "{ok}");
+            assert!(
+                crate::kernel::operations::parse_subject_ref(&ok).is_ok(),
+                "{ok}"
+            );
         }
         for bad in [
             format!(" {id}"),
@@ -338,7 +349,10 @@ mod tests {
             format!("urn:uuid:{id}"),
         ] {
             assert!(!re.is_match(&bad));
-            assert!(crate::kernel::operations::parse_subject_ref(&bad).is_err(), "{bad}");
+            assert!(
+                crate::kernel::operations::parse_subject_ref(&bad).is_err(),
+                "{bad}"
+            );
         }
     }
 
@@ -347,13 +361,23 @@ mod tests {
     fn secret_schema_is_the_parsers() {
         use crate::webhooks::signing::key_bytes;
         let doc: serde_json::Value = serde_json::from_str(&DOC).unwrap();
-        let prop = &doc["components"]["schemas"]["WebhookSubscriptionUpsert"]["properties"]["secret"];
+        let prop =
+            &doc["components"]["schemas"]["WebhookSubscriptionUpsert"]["properties"]["secret"];
         let canonical = regex::Regex::new(prop["anyOf"][0]["pattern"].as_str().unwrap()).unwrap();
-        let documented = |s: &str| !s.is_empty() && (canonical.is_match(s) || !s.starts_with("whsec_"));
+        let documented =
+            |s: &str| !s.is_empty() && (canonical.is_match(s) || !s.starts_with("whsec_"));
         const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         let mut cases = vec![
-            String::new(), "whsec_".into(), "whsec_ AAAA".into(), "whsec_AAAA ".into(), "whsec_AAA".into(),
-            "whsec_AAAA=".into(), "whsec_====".into(), "whsec".into(), "a".into(), "whsec-AAAA".into(),
+            String::new(),
+            "whsec_".into(),
+            "whsec_ AAAA".into(),
+            "whsec_AAAA ".into(),
+            "whsec_AAA".into(),
+            "whsec_AAAA=".into(),
+            "whsec_====".into(),
+            "whsec".into(),
+            "a".into(),
+            "whsec-AAAA".into(),
         ];
         for &a in ALPHABET {
             for &b in ALPHABET {

@@ -20,7 +20,9 @@ use uuid::Uuid;
 /// `signal:<uuid>`, `receipt:<uuid>` or a bare (hyphenated) UUID. Documents the request
 /// fields that hold one; the handlers parse them with `parse_subject_ref`, whose pattern this is.
 #[derive(ToSchema)]
-#[schema(pattern = "^((trace|signal|receipt):)?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
+#[schema(
+    pattern = "^((trace|signal|receipt):)?[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)]
 #[allow(dead_code)]
 pub struct SubjectRef(String);
 

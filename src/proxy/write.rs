@@ -601,7 +601,10 @@ pub(super) async fn forward(
                 };
                 let err = error.to_string();
                 tokio::spawn(async move {
-                    if let Err(e) = store.settle_dispatch_later(rid, verdict, None, Some(err)).await {
+                    if let Err(e) = store
+                        .settle_dispatch_later(rid, verdict, None, Some(err))
+                        .await
+                    {
                         tracing::error!(error = %e, "journal: could not record a failed dispatch");
                     }
                 });

@@ -85,7 +85,9 @@ pub(super) async fn commit(
                 .commit_rows(job.tenant, job.signal_rows, job.writes, job.extra)
                 .await
         }
-        Err(_) => Err(StoreError::Unavailable("the group committer is gone".into())),
+        Err(_) => Err(StoreError::Unavailable(
+            "the group committer is gone".into(),
+        )),
     }
 }
 
@@ -102,7 +104,9 @@ pub(super) async fn settle(store: &Store, queue: &Queue, s: Settle) -> Result<()
     match queue.send(Work::Settle(s)).await {
         Ok(()) => Ok(()),
         Err(mpsc::error::SendError(Work::Settle(s))) => store.settle_all(vec![s]).await,
-        Err(_) => Err(StoreError::Unavailable("the group committer is gone".into())),
+        Err(_) => Err(StoreError::Unavailable(
+            "the group committer is gone".into(),
+        )),
     }
 }
 
@@ -121,7 +125,10 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
                 Work::Flush(done) => flushes.push(done),
             }
             // A flush ends the group: it is answered after what came before it.
-            if flushes.is_empty() && receipts < MAX_GROUP_RECEIPTS && settles.len() < MAX_GROUP_RECEIPTS {
+            if flushes.is_empty()
+                && receipts < MAX_GROUP_RECEIPTS
+                && settles.len() < MAX_GROUP_RECEIPTS
+            {
                 next = rx.try_recv().ok();
             }
         }
@@ -225,9 +232,15 @@ mod tests {
     #[test]
     fn inserts_of_one_table_fold_in_first_seen_order() {
         let mut all = Vec::new();
-        merge_inserts(&mut all, vec![insert("dispatches", 1), insert("quarantine", 2)]);
+        merge_inserts(
+            &mut all,
+            vec![insert("dispatches", 1), insert("quarantine", 2)],
+        );
         merge_inserts(&mut all, vec![insert("dispatches", 3)]);
-        merge_inserts(&mut all, vec![insert("quarantine", 4), insert("dispatches", 5)]);
+        merge_inserts(
+            &mut all,
+            vec![insert("quarantine", 4), insert("dispatches", 5)],
+        );
         let shape: Vec<(&str, Vec<Vec<Bind>>)> = all
             .into_iter()
             .map(|s| match s {
@@ -238,7 +251,10 @@ mod tests {
         assert_eq!(
             shape,
             vec![
-                ("dispatches", vec![vec![Bind::int(1)], vec![Bind::int(3)], vec![Bind::int(5)]]),
+                (
+                    "dispatches",
+                    vec![vec![Bind::int(1)], vec![Bind::int(3)], vec![Bind::int(5)]]
+                ),
                 ("quarantine", vec![vec![Bind::int(2)], vec![Bind::int(4)]]),
             ]
         );

@@ -348,7 +348,8 @@ impl Store {
             let mut tx = p.begin().await?;
             for ((status, upstream_status, detail), ids) in &outcomes {
                 for chunk in ids.chunks(500) {
-                    let marks: Vec<String> = (0..chunk.len()).map(|i| format!("${}", i + 5)).collect();
+                    let marks: Vec<String> =
+                        (0..chunk.len()).map(|i| format!("${}", i + 5)).collect();
                     let sql = format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE status = 'pending' AND request_id IN ({})", marks.join(", "));
                     let mut q = sqlx::query(&sql)
                         .bind(*status)

@@ -66,9 +66,7 @@ pub enum SecretError {
 pub fn key_bytes(secret: &str) -> Result<Vec<u8>, SecretError> {
     match secret.strip_prefix(SECRET_PREFIX) {
         Some(rest) => {
-            let key = STANDARD
-                .decode(rest)
-                .map_err(|_| SecretError::NotBase64)?;
+            let key = STANDARD.decode(rest).map_err(|_| SecretError::NotBase64)?;
             if key.is_empty() {
                 return Err(SecretError::Empty);
             }
