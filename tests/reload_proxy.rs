@@ -136,7 +136,7 @@ async fn twenty_reloads_of_policy_and_pack_under_proxy_load() {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
-                    let r = if (w + i) % 2 == 0 {
+                    let r = if (w + i).is_multiple_of(2) {
                         g.client
                             .get(format!("{}/memories/search?q=w{w}", g.proxy))
                             .send()

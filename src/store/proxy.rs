@@ -334,7 +334,9 @@ impl Store {
 
     /// Settles many dispatches in one transaction: one UPDATE per distinct outcome.
     pub(super) async fn settle_all(&self, settles: Vec<super::group::Settle>) -> Result<()> {
-        let mut outcomes: Vec<((&str, Option<u16>, Option<String>), Vec<String>)> = Vec::new();
+        // (status, upstream status, detail) → the request ids that ended so.
+        type Outcome = (&'static str, Option<u16>, Option<String>);
+        let mut outcomes: Vec<(Outcome, Vec<String>)> = Vec::new();
         for s in settles {
             let key = (s.status, s.upstream_status, s.detail);
             let id = s.request_id.to_string();
