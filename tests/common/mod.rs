@@ -296,7 +296,10 @@ impl Gate {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = self.client.get(format!("{}/readyz", self.api)).send().await {
-                if r.status().is_success() {
+                // The proxy listener runs on its own (Pingora) thread and may bind a moment
+                // after the API answers: wait for it too.
+                let proxy = format!("127.0.0.1:{}", self.ports.1);
+                if r.status().is_success() && tokio::net::TcpStream::connect(&proxy).await.is_ok() {
                     return;
                 }
             }
