@@ -10,6 +10,8 @@
 #           kernel, receipt and journal row committed before dispatch, for the gate)
 # and the ratios. Usage:
 #   benches/proxy.sh [seconds per run (default 10)] [connections (default 32)]
+# Environment: TARGETS (default "origin nginx bare gate") limits what is measured;
+# PERF_OUT=<file> records a `perf record -g` profile of the gate during its write run.
 # Needs nginx and wrk (apt-get install -y nginx wrk). Builds the release binaries first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -110,7 +112,8 @@ name = "bench"
 policy = "default"
 EOF
 "$GATE" serve --config "$WORK/gate.toml" >"$WORK/logs/gate.log" 2>&1 &
-PIDS+=($!)
+GATE_PID=$!
+PIDS+=($GATE_PID)
 
 wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
 for p in $ORIGIN $NGINX $BAREP $GATE_PROXY; do wait_port "$p"; done
@@ -149,9 +152,14 @@ run() {
 to_ms() { python3 -c 'import sys,re; v=sys.argv[1]; m=re.match(r"([\d.]+)(us|ms|s)",v); f={"us":0.001,"ms":1,"s":1000}; print("%.3f"%(float(m.group(1))*f[m.group(2)]) if m else "nan")' "$1"; }
 
 declare -A RPS P99
-for t in origin:$ORIGIN nginx:$NGINX bare:$BAREP gate:$GATE_PROXY; do
-  name=${t%%:*}; port=${t##*:}
+TARGETS="${TARGETS:-origin nginx bare gate}"
+declare -A PORT=([origin]=$ORIGIN [nginx]=$NGINX [bare]=$BAREP [gate]=$GATE_PROXY)
+for name in $TARGETS; do
+  port=${PORT[$name]}
   for kind in read write; do
+    if [ -n "${PERF_OUT:-}" ] && [ "$name" = gate ] && [ "$kind" = write ]; then
+      (sleep 3; perf record -g -o "$PERF_OUT" -p "$GATE_PID" -- sleep "$DUR" >/dev/null 2>&1) &
+    fi
     read -r r p < <(run "$name" "$port" "$kind")
     RPS[$name-$kind]=$r; P99[$name-$kind]=$p
   done
@@ -163,16 +171,16 @@ diff_ms() { python3 -c 'import sys; print("%.3f" % (float(sys.argv[1])-float(sys
 echo
 echo "substrate-gate proxy benchmark: ${DUR}s per run, $CONNS connections, wrk -t$WRK_THREADS, one worker each, $(nproc) cores"
 printf '%-22s %12s %10s %12s %10s\n' "" "reads rps" "p99 ms" "writes rps" "p99 ms"
-for n in origin nginx bare gate; do
+for n in $TARGETS; do
   label=$n; [ $n = origin ] && label="origin (direct)"; [ $n = bare ] && label="bare pingora"; [ $n = nginx ] && label="nginx proxy"; [ $n = gate ] && label="gate"
   printf '%-22s %12s %10s %12s %10s\n' "$label" "${RPS[$n-read]}" "${P99[$n-read]}" "${RPS[$n-write]}" "${P99[$n-write]}"
 done
 echo
 echo "ratios (requests per second)"
-echo "  bare pingora / nginx, reads:   $(ratio "${RPS[bare-read]}" "${RPS[nginx-read]}")"
-echo "  gate / bare pingora, reads:    $(ratio "${RPS[gate-read]}" "${RPS[bare-read]}")   (target >= 0.9)"
-echo "  gate / nginx, reads:           $(ratio "${RPS[gate-read]}" "${RPS[nginx-read]}")"
-echo "  bare pingora / nginx, writes:  $(ratio "${RPS[bare-write]}" "${RPS[nginx-write]}")"
-echo "  gate / bare pingora, writes:   $(ratio "${RPS[gate-write]}" "${RPS[bare-write]}")   (target >= 0.5)"
-echo "p99 added by the gate to a write: $(diff_ms "${P99[gate-write]}" "${P99[bare-write]}") ms over bare pingora, $(diff_ms "${P99[gate-write]}" "${P99[origin-write]}") ms over the origin (target < 2 ms)"
+echo "  bare pingora / nginx, reads:   $(ratio "${RPS[bare-read]:-0}" "${RPS[nginx-read]:-0}")"
+echo "  gate / bare pingora, reads:    $(ratio "${RPS[gate-read]:-0}" "${RPS[bare-read]:-0}")   (target >= 0.9)"
+echo "  gate / nginx, reads:           $(ratio "${RPS[gate-read]:-0}" "${RPS[nginx-read]:-0}")"
+echo "  bare pingora / nginx, writes:  $(ratio "${RPS[bare-write]:-0}" "${RPS[nginx-write]:-0}")"
+echo "  gate / bare pingora, writes:   $(ratio "${RPS[gate-write]:-0}" "${RPS[bare-write]:-0}")   (target >= 0.5)"
+echo "p99 added by the gate to a write: $(diff_ms "${P99[gate-write]:-0}" "${P99[bare-write]:-0}") ms over bare pingora, $(diff_ms "${P99[gate-write]:-0}" "${P99[origin-write]:-0}") ms over the origin (target < 2 ms)"
 echo "gate journal: $(sqlite3 "$WORK/gate.db" 'select count(*) from receipts' 2>/dev/null || echo '?') receipts written"

@@ -93,7 +93,7 @@ pub async fn ingest(
     let tenant = rt
         .tenant(principal.tenant)
         .ok_or_else(|| ApiError::forbidden("the API key's tenant is not configured"))?;
-    let signal = normalize(req, principal, Uuid::new_v4());
+    let signal = normalize(req, principal, crate::store::new_id());
     let governed = classify(&signal, &tenant.policy);
     let record = SignalRecord {
         id: signal.id,
@@ -253,7 +253,7 @@ pub async fn evaluate_signal(
             input.signal.target_substrate.as_str(),
         ])
         .inc();
-    let receipt_id = Uuid::new_v4();
+    let receipt_id = crate::store::new_id();
     let tenant_id = input.signal.tenant_id;
     let content = receipt_content(
         receipt_id,
@@ -285,7 +285,7 @@ pub async fn evaluate_signal(
         decision: out.decision.as_str().into(),
         outcome: out.outcome.as_str().into(),
         idem_key: Some(idem.clone()),
-        content,
+        content: crate::receipts::CanonicalContent::new(content),
         trace: enforced.then(|| TraceWrite {
             id: out.trace.id,
             phase: out.next_phase,

@@ -53,8 +53,14 @@ pub async fn judge(
     let mut trace_ids: Vec<Uuid> = signals.iter().map(|s| s.trace_id).collect();
     trace_ids.sort_unstable();
     trace_ids.dedup();
-    let traces = state.store.traces_of(tenant, &trace_ids).await?;
+    // The first source's record comes with the traces, in one query; others (a batch from
+    // several sources is rare) are read apart.
+    let (traces, first_history) = state
+        .store
+        .basis_of(tenant, &trace_ids, &first.source_id, SOURCE_WINDOW)
+        .await?;
     let mut history: HashMap<String, (u32, u32)> = HashMap::new();
+    history.insert(first.source_id.clone(), first_history);
     for s in &signals {
         if !history.contains_key(&s.source_id) {
             let h = state
@@ -106,7 +112,7 @@ pub async fn judge(
         out.push(Judged {
             input,
             output,
-            receipt_id: Uuid::new_v4(),
+            receipt_id: crate::store::new_id(),
         });
     }
     Ok(out)
@@ -158,7 +164,7 @@ pub async fn commit(
             decision: out.decision.as_str().into(),
             outcome: out.outcome.as_str().into(),
             idem_key: None,
-            content,
+            content: crate::receipts::CanonicalContent::new(content),
             trace: out.transition.enforced.then(|| TraceWrite {
                 id: out.trace.id,
                 phase: out.next_phase,

@@ -78,7 +78,7 @@ fn review_receipt(
         .tenant(principal.tenant)
         .ok_or_else(|| ApiError::forbidden("the API key's tenant is not configured"))?;
     let policy = &tenant.policy;
-    let receipt_id = Uuid::new_v4();
+    let receipt_id = crate::store::new_id();
     let trace_id = uuid_of(&row.trace_id, "trace id")?;
     let held_receipt = uuid_of(&row.receipt_id, "receipt id")?;
     let from_phase = from.0.unwrap_or(TracePhase::Observed);
@@ -126,7 +126,7 @@ fn review_receipt(
         decision: decision.as_str().into(),
         outcome: outcome.as_str().into(),
         idem_key: None,
-        content: m,
+        content: crate::receipts::CanonicalContent::new(m),
         trace: Some(TraceWrite {
             id: trace_id,
             phase: to.0,
@@ -227,7 +227,7 @@ pub async fn release(
         })
         .collect();
     let journal = DispatchWrite {
-        id: Uuid::new_v4(),
+        id: crate::store::new_id(),
         tenant: principal.tenant,
         request_id: id,
         instance_id: *INSTANCE_ID,

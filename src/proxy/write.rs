@@ -159,7 +159,7 @@ pub async fn handle(
     };
     let collection = m.collection(&value);
     let source = identity::source_of(&cfg.proxy, &session.req_header().headers);
-    let request_id = Uuid::new_v4();
+    let request_id = crate::store::new_id();
     let observed = crate::store::now();
     let signals: Vec<NormalizedSignal> = records
         .iter()
@@ -295,7 +295,7 @@ pub async fn handle(
             .zip(&judged)
             .filter(|(o, _)| o.action.forwards())
             .map(|(o, j)| DispatchWrite {
-                id: Uuid::new_v4(),
+                id: crate::store::new_id(),
                 tenant,
                 request_id,
                 instance_id: *INSTANCE_ID,
@@ -460,7 +460,7 @@ pub fn record_signal(
     rec: &Record,
     observed_at: &str,
 ) -> NormalizedSignal {
-    let id = Uuid::new_v4();
+    let id = crate::store::new_id();
     let region = rec
         .id
         .as_deref()

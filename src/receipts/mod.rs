@@ -53,6 +53,116 @@ pub fn changed_fields(content: &Map<String, Value>, recorded: &Map<String, Value
     out
 }
 
+/// A receipt's content canonicalized (RFC 8785) member by member before its place in the chain
+/// is known. Sealing adds `sequence` and `previousHash` and joins the members: the result is
+/// byte for byte `canonical_json` of the whole content, so the costly part (serializing and
+/// hashing every field) runs where the receipt is built, in parallel, and the chain's serial
+/// step is a splice and one sha256.
+#[derive(Debug, Clone)]
+pub struct CanonicalContent {
+    /// One per field, in JCS order (UTF-16 code units of the key).
+    members: Vec<Member>,
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    key: String,
+    /// `"key":value`, canonical (what the hash covers).
+    canonical: String,
+    /// `"key":value` as serde_json writes it (what is stored: it keeps what JCS folds, such as
+    /// `-0.0` against `0`, so the stored material reads back as the same values).
+    plain: String,
+    /// sha256 of the canonical value.
+    digest: String,
+}
+
+/// A receipt content bound to its chain position.
+#[derive(Debug, Clone)]
+pub struct SealedContent {
+    /// The whole content as JSON (stored as the receipt's payload); its canonical form is what
+    /// `replay_hash` covers.
+    pub payload: String,
+    /// sha256 of the canonical JSON of the content.
+    pub replay_hash: String,
+    /// `{field: sha256 of its canonical value}` as JSON (see [`field_digests`]).
+    pub field_digests: String,
+}
+
+fn canonical_or_plain(v: &Value) -> String {
+    // Serializing a `Value` cannot fail (its numbers are finite, its keys strings); the fallback
+    // only keeps this total.
+    canonical_json(v).unwrap_or_else(|_| v.to_string())
+}
+
+fn jcs_order(a: &str, b: &str) -> std::cmp::Ordering {
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+impl CanonicalContent {
+    pub fn new(content: Map<String, Value>) -> Self {
+        let mut members: Vec<Member> = content
+            .into_iter()
+            .map(|(k, v)| Member::new(k, &v))
+            .collect();
+        members.sort_by(|a, b| jcs_order(&a.key, &b.key));
+        CanonicalContent { members }
+    }
+
+    /// The content with `sequence` and `previousHash` bound, serialized and hashed.
+    pub fn seal(&self, sequence: i64, previous_hash: &str) -> SealedContent {
+        let chain = [
+            Member::new("sequence".into(), &Value::from(sequence)),
+            Member::new("previousHash".into(), &Value::String(previous_hash.into())),
+        ];
+        let mut all: Vec<&Member> = self
+            .members
+            .iter()
+            .filter(|m| m.key != "sequence" && m.key != "previousHash")
+            .chain(chain.iter())
+            .collect();
+        all.sort_by(|a, b| jcs_order(&a.key, &b.key));
+        let join = |text: fn(&Member) -> &str| {
+            let mut out =
+                String::with_capacity(all.iter().map(|m| text(m).len() + 1).sum::<usize>() + 2);
+            out.push('{');
+            for (i, m) in all.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(text(m));
+            }
+            out.push('}');
+            out
+        };
+        let canonical = join(|m| &m.canonical);
+        let digests: Map<String, Value> = all
+            .iter()
+            .map(|m| (m.key.clone(), Value::String(m.digest.clone())))
+            .collect();
+        SealedContent {
+            replay_hash: sha256_hex(canonical.as_bytes()),
+            payload: join(|m| &m.plain),
+            field_digests: Value::Object(digests).to_string(),
+        }
+    }
+}
+
+impl Member {
+    fn new(key: String, v: &Value) -> Member {
+        let value = canonical_or_plain(v);
+        let digest = sha256_hex(value.as_bytes());
+        let name = canonical_or_plain(&Value::String(key.clone()));
+        let canonical = format!("{name}:{value}");
+        let plain = format!("{name}:{v}");
+        Member {
+            key,
+            canonical,
+            plain,
+            digest,
+        }
+    }
+}
+
 /// One receipt as the chain sees it.
 #[derive(Debug, Clone)]
 pub struct ChainLink {
@@ -134,6 +244,35 @@ pub fn verify_links(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Sealing member by member gives exactly what canonicalizing the whole content gives:
+    /// the payload, its hash and every field digest, whatever the keys (non-ASCII keys sort by
+    /// UTF-16 code units in JCS, not by bytes).
+    #[test]
+    fn sealed_content_hashes_as_the_whole_and_reads_back_the_same() {
+        let content = json!({
+            "version": 1, "kind": "proxy_write", "scores": {"risk": 0.2, "authority": 1e30, "zero": -0.0, "one": 1.0},
+            "reasonCodes": ["a", "b"], "context": {"\u{e9}t\u{e9}": 1, "z": [null, true], "\u{1f600}": "x", "\u{ff61}": 2},
+            "\u{1f600}top": "emoji key", "\u{ff61}top": "halfwidth key", "previousHash": "stale",
+        });
+        let map = content.as_object().unwrap().clone();
+        let sealed = CanonicalContent::new(map.clone()).seal(42, "abc");
+        let mut whole = map;
+        whole.insert("sequence".into(), json!(42));
+        whole.insert("previousHash".into(), json!("abc"));
+        let whole = Value::Object(whole);
+        assert_eq!(sealed.replay_hash, hash_value(&whole));
+        let digests: Value = serde_json::from_str(&sealed.field_digests).unwrap();
+        assert_eq!(
+            digests,
+            Value::Object(field_digests(whole.as_object().unwrap()))
+        );
+        // What is stored reads back as the very same values (-0.0 stays a float, 1e30 too),
+        // and hashes to the replay hash.
+        let parsed: Value = serde_json::from_str(&sealed.payload).unwrap();
+        assert_eq!(parsed, whole);
+        assert_eq!(hash_value(&parsed), sealed.replay_hash);
+    }
 
     /// RFC 8785 section 3.2.2 / appendix examples: key order, number forms, escapes.
     #[test]

@@ -33,6 +33,7 @@ pub(super) enum Work {
     Flush(oneshot::Sender<()>),
 }
 
+#[derive(Clone)]
 pub(super) struct Settle {
     pub request_id: Uuid,
     pub status: &'static str,
@@ -132,11 +133,6 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
                 next = rx.try_recv().ok();
             }
         }
-        if !settles.is_empty() {
-            if let Err(e) = store.settle_all(settles).await {
-                tracing::error!(error = %e, "journal: could not record upstream answers");
-            }
-        }
         // One transaction per tenant (each has its own chain), tenants in arrival order.
         let mut by_tenant: Vec<(Uuid, Vec<Job>)> = Vec::new();
         for job in jobs {
@@ -145,8 +141,18 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
                 None => by_tenant.push((job.tenant, vec![job])),
             }
         }
+        // The settles ride in the first group's transaction (a commit saved); without a group,
+        // or if that group fails, they commit on their own.
+        let mut settles = Some(settles).filter(|s| !s.is_empty());
         for (tenant, group) in by_tenant {
-            commit_group(&store, tenant, group).await;
+            if let Some(left) = commit_group(&store, tenant, group, settles.take()).await {
+                settles = Some(left);
+            }
+        }
+        if let Some(settles) = settles {
+            if let Err(e) = store.settle_all(settles).await {
+                tracing::error!(error = %e, "journal: could not record upstream answers");
+            }
         }
         for done in flushes {
             let _ = done.send(());
@@ -154,7 +160,14 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
     }
 }
 
-async fn commit_group(store: &Store, tenant: Uuid, group: Vec<Job>) {
+/// Commits one tenant's group, with `settles` in the same transaction; gives the settles back
+/// if the transaction failed.
+async fn commit_group(
+    store: &Store,
+    tenant: Uuid,
+    group: Vec<Job>,
+    settles: Option<Vec<Settle>>,
+) -> Option<Vec<Settle>> {
     crate::metrics::GROUP_COMMIT_BATCHES.observe(group.len() as f64);
     let mut counts = Vec::with_capacity(group.len());
     let mut replies = Vec::with_capacity(group.len());
@@ -166,17 +179,24 @@ async fn commit_group(store: &Store, tenant: Uuid, group: Vec<Job>) {
         writes.extend(job.writes);
         merge_inserts(&mut extra, job.extra);
     }
+    // Settles only update rows committed by earlier groups: they cannot make this one fail.
+    let kept = settles.clone();
+    if let Some(s) = settles {
+        extra.extend(super::proxy::settle_statements(s));
+    }
     match store.commit_rows(tenant, signal_rows, writes, extra).await {
         Ok(all) => {
             let mut all = all.into_iter();
             for (n, reply) in counts.into_iter().zip(replies) {
                 let _ = reply.send(Ok(all.by_ref().take(n).collect()));
             }
+            None
         }
         Err(e) => {
             for reply in replies {
                 let _ = reply.send(Err(e.clone()));
             }
+            kept
         }
     }
 }

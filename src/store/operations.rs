@@ -11,7 +11,7 @@ use crate::kernel::operations::NodeKind;
 use crate::kernel::operations::NodeRef;
 use crate::kernel::types::{AllowedInfluence, TracePhase};
 use crate::kernel::NormalizedSignal;
-use crate::receipts::{field_digests, hash_value, GENESIS_HASH};
+use crate::receipts::GENESIS_HASH;
 use crate::with_pool;
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -759,13 +759,8 @@ impl Store {
             }
 
             let seq = head_seq + 1;
-            let mut content = w.content;
-            content.insert("sequence".into(), Value::from(seq));
-            content.insert("previousHash".into(), Value::String(head_hash.clone()));
-            let digests = field_digests(&content);
-            let content = Value::Object(content);
-            let replay_hash = hash_value(&content);
-            let payload = serde_json::to_string(&content).map_err(corrupt("receipt"))?;
+            let sealed = crate::receipts::CanonicalContent::new(w.content).seal(seq, &head_hash);
+            let replay_hash = sealed.replay_hash;
             let finish = (w.finish)(Sealed {
                 receipt_id: w.id,
                 replay_hash: &replay_hash,
@@ -785,8 +780,8 @@ impl Store {
             .bind(&w.outcome)
             .bind(&replay_hash)
             .bind(&head_hash)
-            .bind(&payload)
-            .bind(Value::Object(digests).to_string())
+            .bind(&sealed.payload)
+            .bind(&sealed.field_digests)
             .bind(&finish.result)
             .bind(&created)
             .execute(&mut *tx)

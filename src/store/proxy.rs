@@ -289,6 +289,63 @@ impl Store {
         Ok(out)
     }
 
+    /// The state basis of a proxied batch in ONE query (one round trip to the database, where
+    /// two would each wait for a connection thread): the phase and influence of the traces
+    /// (as [`Store::traces_of`]) and the source's record over its last `window` receipts (as
+    /// [`Store::source_history`]). A batch with more traces than one `IN` list reads them apart.
+    pub async fn basis_of(
+        &self,
+        tenant: Uuid,
+        ids: &[Uuid],
+        source_id: &str,
+        window: i64,
+    ) -> Result<(HashMap<Uuid, (TracePhase, AllowedInfluence)>, (u32, u32))> {
+        if ids.is_empty() || ids.len() > IN_CHUNK {
+            let traces = self.traces_of(tenant, ids).await?;
+            let history = self.source_history(tenant, source_id, window).await?;
+            return Ok((traces, history));
+        }
+        let sql = format!(
+            "SELECT CAST(0 AS BIGINT), id, phase, influence FROM traces WHERE tenant_id = $1 AND id IN ({}) \
+             UNION ALL SELECT CAST(1 AS BIGINT), NULL, CAST(refused AS TEXT), NULL FROM \
+             (SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT {window}) AS h",
+            placeholders(3, ids.len())
+        );
+        let tenant_s = tenant.to_string();
+        type Row = (i64, Option<String>, Option<String>, Option<String>);
+        let rows: Vec<Row> = with_pool!(self, read, |p, _d| {
+            let mut q = sqlx::query_as(&sql).bind(&tenant_s).bind(source_id);
+            for id in ids {
+                q = q.bind(id.to_string());
+            }
+            q.fetch_all(p).await?
+        });
+        let mut traces = HashMap::with_capacity(ids.len());
+        let (mut recent, mut refused) = (0u32, 0u32);
+        for (kind, id, a, b) in rows {
+            if kind == 1 {
+                recent += 1;
+                if a.as_deref() != Some("0") {
+                    refused += 1;
+                }
+                continue;
+            }
+            let (id, ph, inf) = (
+                id.unwrap_or_default(),
+                a.unwrap_or_default(),
+                b.unwrap_or_default(),
+            );
+            let id = Uuid::parse_str(&id)
+                .map_err(|_| StoreError::Corrupt(format!("trace id {id:?}")))?;
+            let ph = TracePhase::parse(&ph)
+                .ok_or_else(|| StoreError::Corrupt(format!("trace phase {ph:?}")))?;
+            let inf = AllowedInfluence::parse(&inf)
+                .ok_or_else(|| StoreError::Corrupt(format!("trace influence {inf:?}")))?;
+            traces.insert(id, (ph, inf));
+        }
+        Ok((traces, (recent, refused)))
+    }
+
     /// Marks the traces of deleted records `tombstoned` (the upstream confirmed the delete).
     pub async fn tombstone_traces(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
         let tenant_s = tenant.to_string();
@@ -334,41 +391,46 @@ impl Store {
 
     /// Settles many dispatches in one transaction: one UPDATE per distinct outcome.
     pub(super) async fn settle_all(&self, settles: Vec<super::group::Settle>) -> Result<()> {
-        // (status, upstream status, detail) → the request ids that ended so.
-        type Outcome = (&'static str, Option<u16>, Option<String>);
-        let mut outcomes: Vec<(Outcome, Vec<String>)> = Vec::new();
-        for s in settles {
-            let key = (s.status, s.upstream_status, s.detail);
-            let id = s.request_id.to_string();
-            match outcomes.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, ids)) => ids.push(id),
-                None => outcomes.push((key, vec![id])),
-            }
-        }
-        let updated = now();
-        with_pool!(self, write, |p, _d| {
-            let mut tx = p.begin().await?;
-            for ((status, upstream_status, detail), ids) in &outcomes {
-                for chunk in ids.chunks(500) {
-                    let marks: Vec<String> =
-                        (0..chunk.len()).map(|i| format!("${}", i + 5)).collect();
-                    let sql = format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE status = 'pending' AND request_id IN ({})", marks.join(", "));
-                    let mut q = sqlx::query(&sql)
-                        .bind(*status)
-                        .bind(upstream_status.map(i64::from))
-                        .bind(detail.as_deref())
-                        .bind(&updated);
-                    for id in chunk {
-                        q = q.bind(id);
-                    }
-                    q.execute(&mut *tx).await?;
-                }
-            }
-            tx.commit().await?;
-            Ok::<_, StoreError>(())
-        })
+        self.run_statements(settle_statements(settles)).await
     }
+}
 
+/// The UPDATEs that settle dispatches: one per distinct outcome (and `IN` list).
+pub(super) fn settle_statements(settles: Vec<super::group::Settle>) -> Vec<Stmt> {
+    // (status, upstream status, detail) → the request ids that ended so.
+    type Outcome = (&'static str, Option<u16>, Option<String>);
+    let mut outcomes: Vec<(Outcome, Vec<String>)> = Vec::new();
+    for s in settles {
+        let key = (s.status, s.upstream_status, s.detail);
+        let id = s.request_id.to_string();
+        match outcomes.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, ids)) => ids.push(id),
+            None => outcomes.push((key, vec![id])),
+        }
+    }
+    let updated = now();
+    let mut stmts = Vec::new();
+    for ((status, upstream_status, detail), ids) in outcomes {
+        for chunk in ids.chunks(IN_CHUNK) {
+            let sql = format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE status = 'pending' AND request_id IN ({})", placeholders(5, chunk.len()));
+            let mut binds = vec![
+                Bind::text(status),
+                Bind::Int(upstream_status.map(i64::from)),
+                Bind::opt(detail.clone()),
+                Bind::text(&updated),
+            ];
+            binds.extend(chunk.iter().map(Bind::text));
+            stmts.push(Stmt::Exec {
+                sql,
+                binds,
+                expect_rows: None,
+            });
+        }
+    }
+    stmts
+}
+
+impl Store {
     pub async fn settle_dispatch(
         &self,
         request_id: Uuid,

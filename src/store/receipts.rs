@@ -5,9 +5,9 @@
 use super::{now, Result, Store, StoreError};
 use crate::kernel::types::{AllowedInfluence, TracePhase};
 use crate::kernel::NormalizedSignal;
-use crate::receipts::{field_digests, hash_value, ChainLink, GENESIS_HASH};
+use crate::receipts::{CanonicalContent, ChainLink, GENESIS_HASH};
 use crate::with_pool;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 /// Inserts one pending delivery per active subscription of the tenant to the
@@ -95,8 +95,9 @@ pub struct ReceiptWrite {
     pub outcome: String,
     /// Same key, same receipt: a repeated evaluation answers from the store.
     pub idem_key: Option<String>,
-    /// The bound content without `sequence` / `previousHash` (added here).
-    pub content: Map<String, Value>,
+    /// The bound content without `sequence` / `previousHash` (added when sealed), already
+    /// canonicalized by the caller: the chain's serial step only splices and hashes.
+    pub content: CanonicalContent,
     pub trace: Option<TraceWrite>,
     pub obstruction: Option<LifecycleWrite>,
     pub repair_plan: Option<LifecycleWrite>,
@@ -428,13 +429,8 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
             let seq = head_seq + 1;
-            let mut content = w.content;
-            content.insert("sequence".into(), Value::from(seq));
-            content.insert("previousHash".into(), Value::String(head_hash.clone()));
-            let digests = field_digests(&content);
-            let content = Value::Object(content);
-            let replay_hash = hash_value(&content);
-            let payload = serde_json::to_string(&content).map_err(corrupt("receipt"))?;
+            let sealed = w.content.seal(seq, &head_hash);
+            let replay_hash = sealed.replay_hash;
             let finish = (w.finish)(Sealed {
                 receipt_id: w.id,
                 replay_hash: &replay_hash,
@@ -455,8 +451,8 @@ impl Store {
             .bind(&w.outcome)
             .bind(&replay_hash)
             .bind(&head_hash)
-            .bind(&payload)
-            .bind(Value::Object(digests).to_string())
+            .bind(&sealed.payload)
+            .bind(&sealed.field_digests)
             .bind(&w.idem_key)
             .bind(&finish.result)
             .bind(&created)
@@ -781,13 +777,8 @@ impl Store {
                     return Err(StoreError::Corrupt("a receipt batch spans tenants".into()));
                 }
                 seq += 1;
-                let mut content = w.content;
-                content.insert("sequence".into(), Value::from(seq));
-                content.insert("previousHash".into(), Value::String(prev.clone()));
-                let digests = field_digests(&content);
-                let content = Value::Object(content);
-                let replay_hash = hash_value(&content);
-                let payload = serde_json::to_string(&content).map_err(corrupt("receipt"))?;
+                let sealed = w.content.seal(seq, &prev);
+                let replay_hash = sealed.replay_hash;
                 let finish = (w.finish)(Sealed {
                     receipt_id: w.id,
                     replay_hash: &replay_hash,
@@ -806,8 +797,8 @@ impl Store {
                     Bind::text(&w.outcome),
                     Bind::text(&replay_hash),
                     Bind::text(&prev),
-                    Bind::text(payload),
-                    Bind::text(Value::Object(digests).to_string()),
+                    Bind::text(sealed.payload),
+                    Bind::text(sealed.field_digests),
                     Bind::opt(w.idem_key.clone()),
                     Bind::opt(finish.result.clone()),
                     Bind::text(&created),
