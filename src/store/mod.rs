@@ -123,7 +123,8 @@ macro_rules! with_pool {
 /// A new id for a row written on the hot path (signals, receipts, journal rows, requests):
 /// UUIDv7, time-ordered, so each insert lands at the right edge of its indexes instead of on a
 /// random page of them (a write then dirties a page or two per index per group commit, not
-/// one per row). Still 74 random bits; the millisecond it carries is already in the row.
+/// one per row). Still unguessable (random bits follow the timestamp); the millisecond it
+/// carries is already in the row.
 pub fn new_id() -> uuid::Uuid {
     uuid::Uuid::now_v7()
 }
