@@ -796,10 +796,21 @@ async fn writes_in_flight_at_a_crash_are_reconciled_at_start_up() {
         )
         .await;
         assert_eq!(landed, 1, "{b:?}: {}", g.log());
-        assert_eq!(
-            g.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'not_landed' AND record_id = 'gone-lost'").await,
-            1
-        );
+        // Rows are reconciled one after another: the other one may settle a moment later.
+        let not_landed = wait_count_for(
+            &g,
+            "SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'not_landed' AND record_id = 'gone-lost'",
+            1,
+            Duration::from_secs(20),
+        )
+        .await;
+        assert_eq!(not_landed, 1, "{b:?}: {}", g.log());
+        for _ in 0..100 {
+            if g.log().contains("journal reconciliation") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         assert!(g.log().contains("journal reconciliation"), "{}", g.log());
         assert_eq!(up.requests("GET", "/memories/kept").len(), 1);
     }
