@@ -19,6 +19,20 @@ fn placeholders(from: usize, n: usize) -> String {
         .join(", ")
 }
 
+/// A stored trace row's id, phase and influence, parsed.
+fn trace_state(
+    id: &str,
+    phase: &str,
+    influence: &str,
+) -> Result<(Uuid, (TracePhase, AllowedInfluence))> {
+    let id = Uuid::parse_str(id).map_err(|_| StoreError::Corrupt(format!("trace id {id:?}")))?;
+    let ph = TracePhase::parse(phase)
+        .ok_or_else(|| StoreError::Corrupt(format!("trace phase {phase:?}")))?;
+    let inf = AllowedInfluence::parse(influence)
+        .ok_or_else(|| StoreError::Corrupt(format!("trace influence {influence:?}")))?;
+    Ok((id, (ph, inf)))
+}
+
 /// One admitted record of a proxied write, as journaled before dispatch.
 #[derive(Debug, Clone)]
 pub struct DispatchWrite {
@@ -277,13 +291,8 @@ impl Store {
                 q.fetch_all(p).await?
             });
             for (id, ph, inf) in rows {
-                let id = Uuid::parse_str(&id)
-                    .map_err(|_| StoreError::Corrupt(format!("trace id {id:?}")))?;
-                let ph = TracePhase::parse(&ph)
-                    .ok_or_else(|| StoreError::Corrupt(format!("trace phase {ph:?}")))?;
-                let inf = AllowedInfluence::parse(&inf)
-                    .ok_or_else(|| StoreError::Corrupt(format!("trace influence {inf:?}")))?;
-                out.insert(id, (ph, inf));
+                let (id, state) = trace_state(&id, &ph, &inf)?;
+                out.insert(id, state);
             }
         }
         Ok(out)
@@ -330,18 +339,12 @@ impl Store {
                 }
                 continue;
             }
-            let (id, ph, inf) = (
-                id.unwrap_or_default(),
-                a.unwrap_or_default(),
-                b.unwrap_or_default(),
-            );
-            let id = Uuid::parse_str(&id)
-                .map_err(|_| StoreError::Corrupt(format!("trace id {id:?}")))?;
-            let ph = TracePhase::parse(&ph)
-                .ok_or_else(|| StoreError::Corrupt(format!("trace phase {ph:?}")))?;
-            let inf = AllowedInfluence::parse(&inf)
-                .ok_or_else(|| StoreError::Corrupt(format!("trace influence {inf:?}")))?;
-            traces.insert(id, (ph, inf));
+            let (id, state) = trace_state(
+                &id.unwrap_or_default(),
+                &a.unwrap_or_default(),
+                &b.unwrap_or_default(),
+            )?;
+            traces.insert(id, state);
         }
         Ok((traces, (recent, refused)))
     }
