@@ -185,7 +185,11 @@ pub async fn commit(
             }),
             finish: Box::new(move |sealed| Finish {
                 result: None,
-                events: events_for(&for_events, sealed.receipt_id, sealed.replay_hash),
+                events: if sealed.events_wanted {
+                    events_for(&for_events, sealed.receipt_id, sealed.replay_hash)
+                } else {
+                    Vec::new()
+                },
             }),
         });
         signals.push(j.input.signal.clone());

@@ -145,7 +145,8 @@ fn review_receipt(
                 name: "receipt.created".into(),
                 data: receipt.clone(),
             }];
-            for mut e in events {
+            for e in &events {
+                let mut e = e.clone();
                 if let Value::Object(o) = &mut e.data {
                     o.insert("receipt".into(), receipt.clone());
                 }

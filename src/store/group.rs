@@ -12,8 +12,9 @@
 //! insert fresh rows (see [`Store::commit_receipts_grouped`]), so a group fails only as a
 //! whole, on a storage error every member would have hit alone.
 
-use super::receipts::{Bind, CommittedReceipt, ReceiptWrite, Stmt};
+use super::receipts::{Bind, ChainTip, CommittedReceipt, ReceiptWrite, Stmt};
 use super::{Result, Store, StoreError};
+use std::collections::HashMap;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -49,11 +50,16 @@ pub(super) struct Job {
     reply: oneshot::Sender<Result<Vec<CommittedReceipt>>>,
 }
 
+pub(super) type Inbox = mpsc::Receiver<Work>;
+
+/// The committer's queue; [`start`] runs the committer on it.
+pub(super) fn channel() -> (Queue, Inbox) {
+    mpsc::channel(QUEUE_DEPTH)
+}
+
 /// Starts the committer on the current runtime; it ends when the last [`Queue`] is dropped.
-pub(super) fn spawn(store: Store) -> Queue {
-    let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
-    tokio::spawn(run(store, rx));
-    tx
+pub(super) fn start(store: Store, inbox: Inbox) {
+    tokio::spawn(run(store, inbox));
 }
 
 /// Queues one batch and waits for its group to commit. If the committer is gone (its runtime
@@ -111,7 +117,9 @@ pub(super) async fn settle(store: &Store, queue: &Queue, s: Settle) -> Result<()
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
+async fn run(store: Store, mut rx: Inbox) {
+    // Each tenant's chain tip as the last group left it (see [`Store::commit_rows_at`]).
+    let mut tips: HashMap<Uuid, ChainTip> = HashMap::new();
     while let Some(first) = rx.recv().await {
         let (mut jobs, mut settles, mut flushes, mut receipts) =
             (Vec::new(), Vec::new(), Vec::new(), 0);
@@ -145,7 +153,12 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Work>) {
         // or if that group fails, they commit on their own.
         let mut settles = Some(settles).filter(|s| !s.is_empty());
         for (tenant, group) in by_tenant {
-            if let Some(left) = commit_group(&store, tenant, group, settles.take()).await {
+            let mut tip = tips.remove(&tenant);
+            let left = commit_group(&store, tenant, group, settles.take(), &mut tip).await;
+            if let Some(tip) = tip {
+                tips.insert(tenant, tip);
+            }
+            if let Some(left) = left {
                 settles = Some(left);
             }
         }
@@ -167,6 +180,7 @@ async fn commit_group(
     tenant: Uuid,
     group: Vec<Job>,
     settles: Option<Vec<Settle>>,
+    tip: &mut Option<ChainTip>,
 ) -> Option<Vec<Settle>> {
     crate::metrics::GROUP_COMMIT_BATCHES.observe(group.len() as f64);
     let mut counts = Vec::with_capacity(group.len());
@@ -184,7 +198,10 @@ async fn commit_group(
     if let Some(s) = settles {
         extra.extend(super::proxy::settle_statements(s));
     }
-    match store.commit_rows(tenant, signal_rows, writes, extra).await {
+    match store
+        .commit_rows_at(tenant, signal_rows, writes, extra, tip)
+        .await
+    {
         Ok(all) => {
             let mut all = all.into_iter();
             for (n, reply) in counts.into_iter().zip(replies) {
@@ -239,6 +256,98 @@ fn merge_inserts(into: &mut Vec<Stmt>, more: Vec<Stmt>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::receipts::{EventWrite, Finish};
+
+    /// A bare receipt whose `receipt.created` event names it.
+    fn receipt(tenant: Uuid, n: i64) -> ReceiptWrite {
+        let mut content = serde_json::Map::new();
+        content.insert("kind".into(), serde_json::json!("test"));
+        content.insert("n".into(), serde_json::json!(n));
+        ReceiptWrite {
+            tenant,
+            id: crate::store::new_id(),
+            kind: "test".into(),
+            signal_id: None,
+            source_id: None,
+            refused: false,
+            decision: "allow".into(),
+            outcome: "allow".into(),
+            idem_key: None,
+            content: crate::receipts::CanonicalContent::new(content),
+            trace: None,
+            obstruction: None,
+            repair_plan: None,
+            finish: Box::new(|sealed| Finish {
+                result: None,
+                events: vec![EventWrite {
+                    name: "receipt.created".into(),
+                    data: serde_json::json!({"id": sealed.receipt_id}),
+                }],
+            }),
+        }
+    }
+
+    async fn deliveries(store: &Store, tenant: Uuid) -> i64 {
+        crate::with_pool!(store, read, |p, _d| {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE tenant_id = $1",
+            )
+            .bind(tenant.to_string())
+            .fetch_one(p)
+            .await
+            .unwrap()
+        })
+    }
+
+    /// The group committer keeps each chain's tip between groups (on SQLite it then commits in
+    /// one hand-off). Another path appending to the chain (the API's commit), and a
+    /// subscription created between two groups, must both be seen: the next group lands after
+    /// the API's receipt and its events reach the new subscription; the chain verifies.
+    #[tokio::test]
+    async fn group_commits_follow_the_chain_and_the_subscriptions_they_did_not_write() {
+        for (store, _dir) in crate::store::testing::stores().await {
+            let tenant = Uuid::new_v4();
+            let grouped = |n| {
+                store.commit_receipts_grouped(tenant, &[], vec![receipt(tenant, n)], Vec::new())
+            };
+            assert_eq!(grouped(1).await.unwrap()[0].seq, 1);
+            assert_eq!(grouped(2).await.unwrap()[0].seq, 2);
+            // The chain moves under the committer's tip.
+            assert_eq!(
+                store.commit_receipt(receipt(tenant, 3)).await.unwrap().seq,
+                3
+            );
+            assert_eq!(grouped(4).await.unwrap()[0].seq, 4);
+            assert_eq!(deliveries(&store, tenant).await, 0);
+            // A subscription appears between two groups.
+            store
+                .upsert_subscription(
+                    tenant,
+                    crate::webhooks::repo::SubscriptionWrite {
+                        id: None,
+                        product_surface: crate::kernel::types::ProductSurface::Generic,
+                        event_name: "receipt.created".into(),
+                        target_url: "http://127.0.0.1:9/".into(),
+                        secret: None,
+                        status: None,
+                        metadata: None,
+                    },
+                )
+                .await
+                .unwrap();
+            assert_eq!(grouped(5).await.unwrap()[0].seq, 5);
+            assert_eq!(deliveries(&store, tenant).await, 1);
+            // Several batches in flight at once share groups and keep their order.
+            let many = futures::future::join_all((6..26).map(grouped)).await;
+            let mut seqs: Vec<i64> = many.into_iter().map(|r| r.unwrap()[0].seq).collect();
+            seqs.sort_unstable();
+            assert_eq!(seqs, (6..26).collect::<Vec<_>>());
+            assert_eq!(deliveries(&store, tenant).await, 21);
+            let report = crate::audit::verify_tenant(&store, tenant).await.unwrap();
+            assert_eq!(report.receipts, 25);
+            assert!(report.broken.is_none(), "{:?}", report.broken);
+        }
+    }
 
     fn insert(table: &'static str, n: i64) -> Stmt {
         Stmt::Insert {

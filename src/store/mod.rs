@@ -5,9 +5,12 @@
 
 #[macro_use]
 mod receipts;
+mod basis;
 mod group;
 mod operations;
 mod proxy;
+#[cfg(test)]
+pub(crate) mod testing;
 pub use operations::*;
 pub use proxy::*;
 pub use receipts::*;
@@ -56,17 +59,22 @@ pub struct Dialect {
     /// SQLite has one writer, so it needs none.
     pub for_update: &'static str,
     pub skip_locked: &'static str,
+    /// Whether one query may hold several statements with their binds (SQLite: sqlx runs them
+    /// in one hand-off to the connection's thread; PostgreSQL's extended protocol cannot).
+    pub multi_statement: bool,
 }
 
 pub const SQLITE: Dialect = Dialect {
     name: "sqlite",
     for_update: "",
     skip_locked: "",
+    multi_statement: true,
 };
 pub const POSTGRES: Dialect = Dialect {
     name: "postgres",
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
+    multi_statement: false,
 };
 
 #[derive(Clone)]
@@ -79,6 +87,11 @@ pub struct Store {
     pub backend: Backend,
     /// The group committer of proxied receipts (see [`group`]).
     group: Option<group::Queue>,
+    /// The coalescing reader of proxied writes' bases (see [`basis`]).
+    basis: Option<basis::Queue>,
+    /// The committer and the reader behind the two queues, not yet started: they start on the
+    /// runtime of their first user (see [`Store::start_batchers`]).
+    batchers: std::sync::Mutex<Option<(group::Inbox, basis::Inbox)>>,
 }
 
 /// Runs `$body` with `$p` bound to the pool for reads (or writes) and `$d` to
@@ -216,14 +229,36 @@ impl Store {
         if let Backend::Sqlite { read, .. } = &backend {
             tokio::spawn(checkpointer(read.clone()));
         }
-        let group = group::spawn(Store {
-            backend: backend.clone(),
-            group: None,
-        });
+        let (group, group_inbox) = group::channel();
+        let (basis, basis_inbox) = basis::channel();
         Ok(Store {
             backend,
             group: Some(group),
+            basis: Some(basis),
+            batchers: std::sync::Mutex::new(Some((group_inbox, basis_inbox))),
         })
+    }
+
+    /// A handle on the same pools without batching (what the batchers themselves use).
+    fn unbatched(&self) -> Store {
+        Store {
+            backend: self.backend.clone(),
+            group: None,
+            basis: None,
+            batchers: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Starts the group committer and the basis reader, once, on the current runtime. Their
+    /// users are the proxy's writes, so they run on the proxy's own threads: handing a write to
+    /// its committer is then a task wake-up on the same thread, not a wake-up of another thread
+    /// (on two cores, each of those cost more than the work handed over).
+    pub(super) fn start_batchers(&self) {
+        let mut pending = self.batchers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((group_inbox, basis_inbox)) = pending.take() {
+            group::start(self.unbatched(), group_inbox);
+            basis::start(self.unbatched(), basis_inbox);
+        }
     }
 
     pub fn dialect(&self) -> &'static Dialect {
@@ -249,7 +284,12 @@ impl Store {
     /// Commits what the group committer holds (graceful shutdown: journal settles queued by
     /// the last requests are written before the pools close).
     pub async fn flush(&self) {
-        if let Some(q) = &self.group {
+        let started = self
+            .batchers
+            .lock()
+            .map(|pending| pending.is_none())
+            .unwrap_or(true);
+        if let (Some(q), true) = (&self.group, started) {
             group::flush(q).await;
         }
     }

@@ -765,6 +765,7 @@ impl Store {
                 receipt_id: w.id,
                 replay_hash: &replay_hash,
                 seq,
+                events_wanted: true,
             });
             sqlx::query(
                 "INSERT INTO receipts (id, tenant_id, seq, kind, signal_id, source_id, refused, decision, outcome, replay_hash, prev_hash, payload, field_digests, idem_key, result, created_at) \

@@ -298,44 +298,97 @@ impl Store {
         Ok(out)
     }
 
-    /// The state basis of a proxied batch in ONE query (one round trip to the database, where
-    /// two would each wait for a connection thread): the phase and influence of the traces
-    /// (as [`Store::traces_of`]) and the source's record over its last `window` receipts (as
-    /// [`Store::source_history`]). A batch with more traces than one `IN` list reads them apart.
+    /// The state basis of a proxied batch: the phase and influence of the traces (as
+    /// [`Store::traces_of`]) and the source's record over its last `window` receipts (as
+    /// [`Store::source_history`]). Reads of concurrent writes are batched into one query (see
+    /// `store::basis`); a batch with more traces than one `IN` list reads them apart.
     pub async fn basis_of(
         &self,
         tenant: Uuid,
         ids: &[Uuid],
         source_id: &str,
         window: i64,
-    ) -> Result<(HashMap<Uuid, (TracePhase, AllowedInfluence)>, (u32, u32))> {
-        if ids.is_empty() || ids.len() > IN_CHUNK {
+    ) -> Result<super::basis::Basis> {
+        if ids.len() > super::basis::MAX_BATCH_IDS {
             let traces = self.traces_of(tenant, ids).await?;
             let history = self.source_history(tenant, source_id, window).await?;
             return Ok((traces, history));
         }
-        let sql = format!(
-            "SELECT CAST(0 AS BIGINT), id, phase, influence FROM traces WHERE tenant_id = $1 AND id IN ({}) \
-             UNION ALL SELECT CAST(1 AS BIGINT), NULL, CAST(refused AS TEXT), NULL FROM \
-             (SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT {window}) AS h",
-            placeholders(3, ids.len())
-        );
+        match &self.basis {
+            Some(q) => {
+                self.start_batchers();
+                super::basis::read(self, q, tenant, ids, source_id, window).await
+            }
+            None => {
+                let (traces, mut h) = self
+                    .bases_of(tenant, ids, &[(source_id.to_string(), window)])
+                    .await?;
+                Ok((traces, h.pop().unwrap_or((0, 0))))
+            }
+        }
+    }
+
+    /// ONE query (one hand-off to the database) for the phase and influence of the traces `ids`
+    /// (at most one `IN` list) and the record of each `(source, window)`, in that order.
+    pub(super) async fn bases_of(
+        &self,
+        tenant: Uuid,
+        ids: &[Uuid],
+        sources: &[(String, i64)],
+    ) -> Result<(
+        HashMap<Uuid, (TracePhase, AllowedInfluence)>,
+        Vec<(u32, u32)>,
+    )> {
+        use std::fmt::Write;
+        // Binds: $1 the tenant, then the sources, then the ids.
+        let mut parts: Vec<String> = Vec::new();
+        for (i, (_, window)) in sources.iter().enumerate() {
+            parts.push(format!(
+                "SELECT CAST({k} AS BIGINT), NULL, CAST(refused AS TEXT), NULL FROM \
+                 (SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = ${b} ORDER BY seq DESC LIMIT {window}) AS h{k}",
+                k = i + 1,
+                b = i + 2,
+            ));
+        }
+        if !ids.is_empty() {
+            let mut list = String::new();
+            for i in 0..ids.len() {
+                let _ = write!(
+                    list,
+                    "{}${}",
+                    if i > 0 { ", " } else { "" },
+                    sources.len() + 2 + i
+                );
+            }
+            parts.push(format!(
+                "SELECT CAST(0 AS BIGINT), id, phase, influence FROM traces WHERE tenant_id = $1 AND id IN ({list})"
+            ));
+        }
+        let mut histories = vec![(0u32, 0u32); sources.len()];
+        let mut traces = HashMap::with_capacity(ids.len());
+        if parts.is_empty() {
+            return Ok((traces, histories));
+        }
+        let sql = parts.join(" UNION ALL ");
         let tenant_s = tenant.to_string();
         type Row = (i64, Option<String>, Option<String>, Option<String>);
         let rows: Vec<Row> = with_pool!(self, read, |p, _d| {
-            let mut q = sqlx::query_as(&sql).bind(&tenant_s).bind(source_id);
+            let mut q = sqlx::query_as(&sql).bind(&tenant_s);
+            for (source, _) in sources {
+                q = q.bind(source);
+            }
             for id in ids {
                 q = q.bind(id.to_string());
             }
             q.fetch_all(p).await?
         });
-        let mut traces = HashMap::with_capacity(ids.len());
-        let (mut recent, mut refused) = (0u32, 0u32);
         for (kind, id, a, b) in rows {
-            if kind == 1 {
-                recent += 1;
-                if a.as_deref() != Some("0") {
-                    refused += 1;
+            if kind > 0 {
+                if let Some((recent, refused)) = histories.get_mut(kind as usize - 1) {
+                    *recent += 1;
+                    if a.as_deref() != Some("0") {
+                        *refused += 1;
+                    }
                 }
                 continue;
             }
@@ -346,7 +399,7 @@ impl Store {
             )?;
             traces.insert(id, state);
         }
-        Ok((traces, (recent, refused)))
+        Ok((traces, histories))
     }
 
     /// Marks the traces of deleted records `tombstoned` (the upstream confirmed the delete).
@@ -387,7 +440,10 @@ impl Store {
             detail,
         };
         match &self.group {
-            Some(q) => super::group::settle(self, q, s).await,
+            Some(q) => {
+                self.start_batchers();
+                super::group::settle(self, q, s).await
+            }
             None => self.settle_all(vec![s]).await,
         }
     }

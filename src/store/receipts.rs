@@ -74,6 +74,9 @@ pub struct Sealed<'a> {
     pub receipt_id: Uuid,
     pub replay_hash: &'a str,
     pub seq: i64,
+    /// Whether the tenant has any active subscription: without one, events would be dropped
+    /// unread, and need not be built.
+    pub events_wanted: bool,
 }
 
 /// Built by the caller once the hash is known: the stored answer (for
@@ -101,7 +104,8 @@ pub struct ReceiptWrite {
     pub trace: Option<TraceWrite>,
     pub obstruction: Option<LifecycleWrite>,
     pub repair_plan: Option<LifecycleWrite>,
-    pub finish: Box<dyn FnOnce(Sealed<'_>) -> Finish + Send>,
+    /// May be called more than once (a group commit that finds the chain moved seals again).
+    pub finish: Box<dyn Fn(Sealed<'_>) -> Finish + Send>,
 }
 
 #[derive(Debug, Clone)]
@@ -435,6 +439,7 @@ impl Store {
                 receipt_id: w.id,
                 replay_hash: &replay_hash,
                 seq,
+                events_wanted: true,
             });
             sqlx::query(
                 "INSERT INTO receipts (id, tenant_id, seq, kind, signal_id, source_id, refused, decision, outcome, replay_hash, prev_hash, payload, field_digests, idem_key, result, created_at) \
@@ -609,20 +614,28 @@ const INSERT_CHUNK_ROWS: usize = 256;
 const MAX_BINDS: usize = 30_000;
 
 fn insert_sql(table: &str, columns: &[&str], rows: usize, suffix: &str) -> String {
-    let mut sql = format!("INSERT INTO {table} ({}) VALUES ", columns.join(", "));
-    let mut n = 0;
+    let mut sql = String::new();
+    push_insert_sql(&mut sql, table, columns, rows, suffix, 0);
+    sql
+}
+
+/// Appends `INSERT INTO table (columns) VALUES ($from+1, ...), ... suffix` to `sql`.
+fn push_insert_sql(
+    sql: &mut String,
+    table: &str,
+    columns: &[&str],
+    rows: usize,
+    suffix: &str,
+    from: usize,
+) {
+    use std::fmt::Write;
+    let _ = write!(sql, "INSERT INTO {table} ({}) VALUES ", columns.join(", "));
+    let mut n = from;
     for r in 0..rows {
-        if r > 0 {
-            sql.push_str(", ");
-        }
-        sql.push('(');
+        sql.push_str(if r > 0 { ", (" } else { "(" });
         for c in 0..columns.len() {
-            if c > 0 {
-                sql.push_str(", ");
-            }
             n += 1;
-            sql.push('$');
-            sql.push_str(&n.to_string());
+            let _ = write!(sql, "{}${n}", if c > 0 { ", " } else { "" });
         }
         sql.push(')');
     }
@@ -630,7 +643,108 @@ fn insert_sql(table: &str, columns: &[&str], rows: usize, suffix: &str) -> Strin
         sql.push(' ');
         sql.push_str(suffix);
     }
-    sql
+}
+
+/// `sql` with every `$N` bind placeholder renumbered to `$N+by` (our statements hold no `$` in
+/// literals or names).
+fn shift_binds(sql: &str, by: usize) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut rest = sql;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        match rest[..digits].parse::<usize>() {
+            Ok(n) => out.push_str(&(n + by).to_string()),
+            Err(_) => out.push_str(&rest[..digits]),
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Rows of one multi-row INSERT: as many as the bind limits allow, at most [`INSERT_CHUNK_ROWS`].
+fn rows_per_insert(columns: usize) -> usize {
+    (MAX_BINDS / columns.max(1)).clamp(1, INSERT_CHUNK_ROWS)
+}
+
+/// One query of several statements (SQLite), its binds in order, and the statements whose
+/// changed-row count is checked: each such statement is followed by `SELECT i, changes()`, so
+/// the counts come back as rows `(i, changed)` in the same hand-off.
+struct MultiStatement<'a> {
+    sql: String,
+    binds: Vec<&'a Bind>,
+    expect: Vec<u64>,
+}
+
+/// [`Stmt`]s as multi-statement queries (SQLite), each holding at most [`MAX_BINDS`] binds
+/// (SQLite numbers binds across the whole query; beyond its limit a new query starts).
+fn multi_statement<'a>(stmts: impl IntoIterator<Item = &'a Stmt>) -> Vec<MultiStatement<'a>> {
+    let mut out: Vec<MultiStatement<'a>> = Vec::new();
+    let next = |out: &mut Vec<MultiStatement<'a>>, n: usize| {
+        let full = out
+            .last()
+            .is_none_or(|q| !q.sql.is_empty() && q.binds.len() + n > MAX_BINDS);
+        if full {
+            out.push(MultiStatement {
+                sql: String::new(),
+                binds: Vec::new(),
+                expect: Vec::new(),
+            });
+        }
+    };
+    for s in stmts {
+        match s {
+            Stmt::Exec {
+                sql,
+                binds,
+                expect_rows,
+            } => {
+                next(&mut out, binds.len());
+                let q = out.last_mut().expect("a query was started");
+                q.sql.push_str(&shift_binds(sql, q.binds.len()));
+                q.sql.push_str(";\n");
+                q.binds.extend(binds);
+                if let Some(n) = expect_rows {
+                    use std::fmt::Write;
+                    let _ = writeln!(q.sql, "SELECT {}, changes();", q.expect.len());
+                    q.expect.push(*n);
+                }
+            }
+            Stmt::Insert {
+                table,
+                columns,
+                rows,
+                suffix,
+            } => {
+                for part in rows.chunks(rows_per_insert(columns.len())) {
+                    next(&mut out, part.len() * columns.len());
+                    let q = out.last_mut().expect("a query was started");
+                    push_insert_sql(
+                        &mut q.sql,
+                        table,
+                        columns,
+                        part.len(),
+                        suffix,
+                        q.binds.len(),
+                    );
+                    q.sql.push_str(";\n");
+                    q.binds.extend(part.iter().flatten());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn expect_changed(expected: Option<u64>, changed: u64) -> Result<()> {
+    match expected {
+        Some(n) if n != changed => Err(StoreError::Conflict(format!(
+            "expected {n} row(s) to change, {changed} did"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 macro_rules! bind_all {
@@ -646,47 +760,367 @@ macro_rules! bind_all {
     }};
 }
 
-/// Runs [`Stmt`]s inside the caller's transaction.
+/// Runs [`Stmt`]s inside the caller's transaction. On SQLite they go as one multi-statement
+/// query: one hand-off to sqlx's connection thread for the lot, where one per statement cost
+/// more than the statements (each a wake-up of two threads); the query is not kept in the
+/// statement cache (its shape changes with every batch). PostgreSQL runs them one by one.
 macro_rules! run_stmts {
-    ($tx:ident, $stmts:expr) => {{
-        for s in $stmts {
-            match s {
-                Stmt::Exec {
-                    sql,
-                    binds,
-                    expect_rows,
-                } => {
-                    let done = bind_all!(sqlx::query(sql), binds)
-                        .execute(&mut *$tx)
-                        .await?;
-                    if let Some(n) = expect_rows {
-                        if done.rows_affected() != *n {
-                            return Err(StoreError::Conflict(format!(
-                                "expected {n} row(s) to change, {} did",
-                                done.rows_affected()
-                            )));
-                        }
-                    }
+    ($tx:ident, $d:ident, $stmts:expr) => {{
+        if $d.multi_statement {
+            for q in multi_statement($stmts) {
+                let changed: Vec<(i64, i64)> = bind_all!(sqlx::query_as(&q.sql), q.binds)
+                    .fetch_all(&mut *$tx)
+                    .await?;
+                for (i, n) in changed {
+                    let expected = q.expect.get(i as usize).copied();
+                    expect_changed(expected, n as u64)?;
                 }
-                Stmt::Insert {
-                    table,
-                    columns,
-                    rows,
-                    suffix,
-                } => {
-                    let per_chunk = (MAX_BINDS / columns.len().max(1)).clamp(1, INSERT_CHUNK_ROWS);
-                    for part in rows.chunks(per_chunk) {
-                        let sql = insert_sql(table, columns, part.len(), suffix);
-                        let mut q = sqlx::query(&sql);
-                        for row in part {
-                            q = bind_all!(q, row);
+            }
+        } else {
+            for s in $stmts {
+                match s {
+                    Stmt::Exec {
+                        sql,
+                        binds,
+                        expect_rows,
+                    } => {
+                        let done = bind_all!(sqlx::query(sql), binds)
+                            .execute(&mut *$tx)
+                            .await?;
+                        expect_changed(*expect_rows, done.rows_affected())?;
+                    }
+                    Stmt::Insert {
+                        table,
+                        columns,
+                        rows,
+                        suffix,
+                    } => {
+                        for part in rows.chunks(rows_per_insert(columns.len())) {
+                            let sql = insert_sql(table, columns, part.len(), suffix);
+                            bind_all!(sqlx::query(&sql), part.iter().flatten())
+                                .execute(&mut *$tx)
+                                .await?;
                         }
-                        q.execute(&mut *$tx).await?;
                     }
                 }
             }
         }
     }};
+}
+
+/// `writes` appended to a chain: the statements, what each caller is answered once they commit,
+/// and the chain's new head.
+struct Chained {
+    stmts: Vec<Stmt>,
+    committed: Vec<CommittedReceipt>,
+    head: (i64, String),
+}
+
+/// The statements that append `writes` to a tenant's chain after `head` (sequence, hash): the
+/// receipts (sealed in order), trace moves, obstructions, repair plans, the new head, and one
+/// outbox delivery per event and matching subscription in `subs` (event name, subscription id).
+fn chain_statements(
+    tenant: Uuid,
+    (head_seq, head_hash): (i64, String),
+    subs: &[(String, String)],
+    writes: &[ReceiptWrite],
+    created: &str,
+) -> Result<Chained> {
+    let tenant_s = tenant.to_string();
+    let created = created.to_string();
+    let mut seq = head_seq;
+    let mut prev = head_hash;
+    let mut committed = Vec::with_capacity(writes.len());
+    let mut receipt_rows = Vec::with_capacity(writes.len());
+    let mut traces: Vec<Vec<Bind>> = Vec::new();
+    let mut trace_pos: std::collections::HashMap<Uuid, usize> = Default::default();
+    let mut obstructions = Vec::new();
+    let mut plans = Vec::new();
+    let mut deliveries = Vec::new();
+    for w in writes {
+        if w.tenant != tenant {
+            return Err(StoreError::Corrupt("a receipt batch spans tenants".into()));
+        }
+        seq += 1;
+        let sealed = w.content.seal(seq, &prev);
+        let replay_hash = sealed.replay_hash;
+        let finish = (w.finish)(Sealed {
+            receipt_id: w.id,
+            replay_hash: &replay_hash,
+            seq,
+            events_wanted: !subs.is_empty(),
+        });
+        let rid = w.id.to_string();
+        receipt_rows.push(vec![
+            Bind::text(&rid),
+            Bind::text(&tenant_s),
+            Bind::int(seq),
+            Bind::text(&w.kind),
+            Bind::opt(w.signal_id.map(|s| s.to_string())),
+            Bind::opt(w.source_id.clone()),
+            Bind::int(w.refused as i64),
+            Bind::text(&w.decision),
+            Bind::text(&w.outcome),
+            Bind::text(&replay_hash),
+            Bind::text(&prev),
+            Bind::text(sealed.payload),
+            Bind::text(sealed.field_digests),
+            Bind::opt(w.idem_key.clone()),
+            Bind::opt(finish.result.clone()),
+            Bind::text(&created),
+        ]);
+        if let Some(t) = &w.trace {
+            let row = vec![
+                Bind::text(&tenant_s),
+                Bind::text(t.id.to_string()),
+                Bind::text(t.phase.as_str()),
+                Bind::text(t.influence.as_str()),
+                Bind::opt(t.trace_type.clone()),
+                Bind::text(&rid),
+                Bind::text(&created),
+            ];
+            // One row per trace: a multi-row upsert may not touch a row twice (PostgreSQL).
+            match trace_pos.get(&t.id) {
+                Some(&i) => traces[i] = row,
+                None => {
+                    trace_pos.insert(t.id, traces.len());
+                    traces.push(row);
+                }
+            }
+        }
+        if let Some(o) = &w.obstruction {
+            obstructions.push(vec![
+                Bind::text(o.id.to_string()),
+                Bind::text(&tenant_s),
+                Bind::opt(w.signal_id.map(|s| s.to_string())),
+                Bind::text(&rid),
+                Bind::text(&o.status),
+                Bind::text(o.body.to_string()),
+                Bind::text(&created),
+                Bind::text(&created),
+            ]);
+        }
+        if let Some(r) = &w.repair_plan {
+            plans.push(vec![
+                Bind::text(r.id.to_string()),
+                Bind::text(&tenant_s),
+                Bind::opt(r.parent.map(|x| x.to_string())),
+                Bind::text(&r.status),
+                Bind::text(r.body.to_string()),
+                Bind::text(&created),
+                Bind::text(&created),
+            ]);
+        }
+        // The outbox: one delivery per active subscription to the event.
+        for e in &finish.events {
+            let mut body = None;
+            for (_, sub) in subs.iter().filter(|(name, _)| *name == e.name) {
+                let (event_id, body) = body.get_or_insert_with(|| {
+                    let event_id = Uuid::new_v4();
+                    (
+                        event_id,
+                        event_body(event_id, tenant, &e.name, &e.data, &created),
+                    )
+                });
+                deliveries.push(vec![
+                    Bind::text(Uuid::new_v4().to_string()),
+                    Bind::text(&tenant_s),
+                    Bind::text(sub),
+                    Bind::text(event_id.to_string()),
+                    Bind::text(&e.name),
+                    Bind::text(body.as_str()),
+                    Bind::text("pending"),
+                    Bind::int(0),
+                    Bind::int(0),
+                    Bind::text(&created),
+                    Bind::text(&created),
+                    Bind::text(&created),
+                ]);
+            }
+        }
+        committed.push(CommittedReceipt {
+            id: w.id,
+            seq,
+            replay_hash: replay_hash.clone(),
+            result: finish.result,
+        });
+        prev = replay_hash;
+    }
+    let mut stmts = vec![
+            Stmt::Insert {
+                table: "receipts",
+                columns: &["id", "tenant_id", "seq", "kind", "signal_id", "source_id", "refused", "decision", "outcome", "replay_hash", "prev_hash", "payload", "field_digests", "idem_key", "result", "created_at"],
+                rows: receipt_rows,
+                suffix: "",
+            },
+            Stmt::Insert {
+                table: "traces",
+                columns: &["tenant_id", "id", "phase", "influence", "trace_type", "last_receipt_id", "updated_at"],
+                rows: traces,
+                suffix: "ON CONFLICT (tenant_id, id) DO UPDATE SET phase = excluded.phase, influence = excluded.influence, last_receipt_id = excluded.last_receipt_id, updated_at = excluded.updated_at",
+            },
+            Stmt::Insert {
+                table: "obstructions",
+                columns: &["id", "tenant_id", "signal_id", "receipt_id", "status", "body", "created_at", "updated_at"],
+                rows: obstructions,
+                suffix: "ON CONFLICT (id) DO NOTHING",
+            },
+            Stmt::Insert {
+                table: "repair_plans",
+                columns: &["id", "tenant_id", "obstruction_id", "status", "body", "created_at", "updated_at"],
+                rows: plans,
+                suffix: "ON CONFLICT (id) DO NOTHING",
+            },
+        ];
+    if seq != head_seq {
+        stmts.push(Stmt::Exec {
+            sql: "UPDATE receipt_heads SET seq = $1, hash = $2 WHERE tenant_id = $3".into(),
+            binds: vec![Bind::int(seq), Bind::text(&prev), Bind::text(&tenant_s)],
+            // The row was read (and created if new) in this transaction, locked on
+            // PostgreSQL, under SQLite's one writer: it is there.
+            expect_rows: None,
+        });
+    }
+    stmts.push(Stmt::Insert {
+        table: "webhook_deliveries",
+        columns: &[
+            "id",
+            "tenant_id",
+            "subscription_id",
+            "event_id",
+            "event_name",
+            "payload",
+            "delivery_status",
+            "attempt_count",
+            "redrive_count",
+            "next_retry_at",
+            "created_at",
+            "updated_at",
+        ],
+        rows: deliveries,
+        suffix: "",
+    });
+    Ok(Chained {
+        stmts,
+        committed,
+        head: (seq, prev),
+    })
+}
+
+/// What the group committer keeps of a tenant's chain between groups on SQLite: the head it
+/// left and the active subscriptions (event name, id) as of `subs_generation`.
+pub(super) struct ChainTip {
+    head: (i64, String),
+    subs: Vec<(String, String)>,
+    subs_generation: u64,
+}
+
+static SUBSCRIPTIONS_GENERATION: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// Changes whenever a webhook subscription is created, changed or paused in this process (see
+/// [`subscriptions_changed`]): a [`ChainTip`]'s subscriptions hold while it has not.
+fn subscriptions_generation() -> u64 {
+    SUBSCRIPTIONS_GENERATION.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Called after every committed change to `webhook_subscriptions`, before it is answered: the
+/// group committer reads the subscriptions again before its next commit, so an event of any
+/// write that arrives after the change finds it.
+pub fn subscriptions_changed() {
+    SUBSCRIPTIONS_GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}
+
+/// A write transaction on SQLite's one write connection, begun and ended by the caller's own
+/// statements so that they can share a hand-off with the work (sqlx's `Transaction` spends one
+/// on `BEGIN` and one on `COMMIT`). Until it is committed or rolled back, dropping it closes
+/// the connection (SQLite then rolls back) rather than pooling a connection in a transaction.
+struct SqliteTx {
+    conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    open: bool,
+}
+
+impl SqliteTx {
+    /// `conn` is in a transaction from the first query [`SqliteTx::run`] runs (which must begin one).
+    fn begin(conn: sqlx::pool::PoolConnection<sqlx::Sqlite>) -> SqliteTx {
+        SqliteTx { conn, open: true }
+    }
+
+    /// Runs a query in the transaction; on an error the transaction is rolled back.
+    async fn run<'q, O>(
+        &mut self,
+        q: sqlx::query::QueryAs<'q, sqlx::Sqlite, O, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<Vec<O>>
+    where
+        O: Send + Unpin + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>,
+    {
+        match q.fetch_all(&mut *self.conn).await {
+            Ok(rows) => Ok(rows),
+            Err(e) => {
+                self.rollback().await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Runs `begin` (SQL that begins the transaction, if this query is to) and `stmts`, then
+    /// commits: in one hand-off when no statement's changed-row count needs checking (`COMMIT`
+    /// ends the same query), else in two. A statement that fails stops the query before the
+    /// `COMMIT`; the transaction is then rolled back.
+    async fn commit_with<'a>(
+        mut self,
+        begin: &str,
+        stmts: impl IntoIterator<Item = &'a Stmt>,
+    ) -> Result<()> {
+        let mut queries = multi_statement(stmts);
+        let checked = queries.iter().any(|q| !q.expect.is_empty());
+        match queries.first_mut() {
+            Some(q) => q.sql.insert_str(0, begin),
+            None => queries.push(MultiStatement {
+                sql: begin.to_string(),
+                binds: Vec::new(),
+                expect: Vec::new(),
+            }),
+        }
+        if !checked {
+            if let Some(q) = queries.last_mut() {
+                q.sql.push_str("COMMIT");
+            }
+        }
+        for q in queries {
+            let query = bind_all!(sqlx::query_as(&q.sql), q.binds);
+            let changed: Vec<(i64, i64)> = self.run(query).await?;
+            for (i, n) in changed {
+                if let Err(e) = expect_changed(q.expect.get(i as usize).copied(), n as u64) {
+                    self.rollback().await;
+                    return Err(e);
+                }
+            }
+        }
+        if checked {
+            self.run::<(i64,)>(sqlx::query_as("COMMIT")).await?;
+        }
+        self.open = false;
+        Ok(())
+    }
+
+    async fn rollback(&mut self) {
+        if sqlx::query("ROLLBACK")
+            .execute(&mut *self.conn)
+            .await
+            .is_ok()
+        {
+            self.open = false;
+        }
+    }
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 impl Store {
@@ -723,6 +1157,7 @@ impl Store {
         let groupable = extra.iter().all(|s| matches!(s, Stmt::Insert { .. }));
         match &self.group {
             Some(group) if groupable => {
+                self.start_batchers();
                 super::group::commit(self, group, tenant, signal_rows, writes, extra).await
             }
             _ => self.commit_rows(tenant, signal_rows, writes, extra).await,
@@ -733,189 +1168,168 @@ impl Store {
     pub(super) async fn commit_rows(
         &self,
         tenant: Uuid,
-        mut signal_rows: Vec<Vec<Bind>>,
+        signal_rows: Vec<Vec<Bind>>,
         writes: Vec<ReceiptWrite>,
         extra: Vec<Stmt>,
+    ) -> Result<Vec<CommittedReceipt>> {
+        self.commit_rows_at(tenant, signal_rows, writes, extra, &mut None)
+            .await
+    }
+
+    /// [`Store::commit_rows`] for a caller that keeps the tenant's chain tip between commits
+    /// (the group committer).
+    ///
+    /// On SQLite, with a tip known, the whole transaction is ONE hand-off to the connection's
+    /// thread: `BEGIN IMMEDIATE`, every row, the new head and `COMMIT` in one query (see
+    /// [`MultiStatement`]). The tip cannot be trusted blindly (the API's commits append to the
+    /// same chain), and need not be: a receipt inserted at a sequence another commit already
+    /// took breaks the `(tenant_id, seq)` unique key, the query stops before its `COMMIT`, and
+    /// the batch is rolled back and committed again the long way. The subscriptions are
+    /// trusted while no subscription changed since they were read
+    /// ([`subscriptions_generation`]). Without a tip (or after a miss) it is two hand-offs: one
+    /// begins and reads the head and the subscriptions, one writes and commits; the tip is kept
+    /// from there. Each hand-off wakes two threads, and on two busy cores that costs more than
+    /// the statements: eleven of them per group made the committer the proxy's bottleneck.
+    /// PostgreSQL runs the statements one by one, the head row locked; it keeps no tip (other
+    /// gates append to the same chains).
+    pub(super) async fn commit_rows_at(
+        &self,
+        tenant: Uuid,
+        signal_rows: Vec<Vec<Bind>>,
+        writes: Vec<ReceiptWrite>,
+        extra: Vec<Stmt>,
+        tip: &mut Option<ChainTip>,
     ) -> Result<Vec<CommittedReceipt>> {
         let tenant_s = tenant.to_string();
         let created = now();
         let timer = std::time::Instant::now();
-        let out = with_pool!(self, write, |p, d| {
-            let mut tx = p.begin().await?;
-            sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")
-                .bind(&tenant_s)
-                .bind(GENESIS_HASH)
-                .execute(&mut *tx)
-                .await?;
-            let (head_seq, head_hash): (i64, String) = sqlx::query_as(&format!(
-                "SELECT seq, hash FROM receipt_heads WHERE tenant_id = $1{}",
-                d.for_update
-            ))
-            .bind(&tenant_s)
-            .fetch_one(&mut *tx)
-            .await?;
-            let subscribed: std::collections::HashSet<String> = if writes.is_empty() {
-                Default::default()
-            } else {
-                let rows: Vec<(String,)> = sqlx::query_as("SELECT DISTINCT event_name FROM webhook_subscriptions WHERE tenant_id = $1 AND status = 'active'")
-                    .bind(&tenant_s)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                rows.into_iter().map(|(n,)| n).collect()
-            };
-            let mut seq = head_seq;
-            let mut prev = head_hash;
-            let mut committed = Vec::with_capacity(writes.len());
-            let mut receipt_rows = Vec::with_capacity(writes.len());
-            let mut traces: Vec<Vec<Bind>> = Vec::new();
-            let mut trace_pos: std::collections::HashMap<Uuid, usize> = Default::default();
-            let mut obstructions = Vec::new();
-            let mut plans = Vec::new();
-            let mut events = Vec::new();
-            for w in writes {
-                if w.tenant != tenant {
-                    return Err(StoreError::Corrupt("a receipt batch spans tenants".into()));
-                }
-                seq += 1;
-                let sealed = w.content.seal(seq, &prev);
-                let replay_hash = sealed.replay_hash;
-                let finish = (w.finish)(Sealed {
-                    receipt_id: w.id,
-                    replay_hash: &replay_hash,
-                    seq,
-                });
-                let rid = w.id.to_string();
-                receipt_rows.push(vec![
-                    Bind::text(&rid),
-                    Bind::text(&tenant_s),
-                    Bind::int(seq),
-                    Bind::text(&w.kind),
-                    Bind::opt(w.signal_id.map(|s| s.to_string())),
-                    Bind::opt(w.source_id.clone()),
-                    Bind::int(w.refused as i64),
-                    Bind::text(&w.decision),
-                    Bind::text(&w.outcome),
-                    Bind::text(&replay_hash),
-                    Bind::text(&prev),
-                    Bind::text(sealed.payload),
-                    Bind::text(sealed.field_digests),
-                    Bind::opt(w.idem_key.clone()),
-                    Bind::opt(finish.result.clone()),
-                    Bind::text(&created),
-                ]);
-                if let Some(t) = &w.trace {
-                    let row = vec![
-                        Bind::text(&tenant_s),
-                        Bind::text(t.id.to_string()),
-                        Bind::text(t.phase.as_str()),
-                        Bind::text(t.influence.as_str()),
-                        Bind::opt(t.trace_type.clone()),
-                        Bind::text(&rid),
-                        Bind::text(&created),
-                    ];
-                    // One row per trace: a multi-row upsert may not touch a row twice (PostgreSQL).
-                    match trace_pos.get(&t.id) {
-                        Some(&i) => traces[i] = row,
-                        None => {
-                            trace_pos.insert(t.id, traces.len());
-                            traces.push(row);
+        let signals = Stmt::Insert {
+            table: "signals",
+            columns: &[
+                "id",
+                "tenant_id",
+                "trace_id",
+                "source_id",
+                "payload_digest",
+                "body",
+                "created_at",
+            ],
+            rows: signal_rows,
+            suffix: "",
+        };
+        let out = match &self.backend {
+            super::Backend::Sqlite { write, .. } => {
+                let known = tip
+                    .take()
+                    .filter(|t| t.subs_generation == subscriptions_generation());
+                let mut done = None;
+                if let Some(t) = known {
+                    let chained =
+                        chain_statements(tenant, t.head.clone(), &t.subs, &writes, &created)?;
+                    let tx = SqliteTx::begin(write.acquire().await?);
+                    match tx
+                        .commit_with(
+                            "BEGIN IMMEDIATE;\n",
+                            [&signals].into_iter().chain(&chained.stmts).chain(&extra),
+                        )
+                        .await
+                    {
+                        Ok(()) => {
+                            *tip = Some(ChainTip {
+                                head: chained.head,
+                                ..t
+                            });
+                            done = Some(chained.committed);
                         }
+                        // The chain moved under the tip: commit again, reading the head.
+                        Err(StoreError::Conflict(_)) => {}
+                        Err(e) => return Err(e),
                     }
                 }
-                if let Some(o) = &w.obstruction {
-                    obstructions.push(vec![
-                        Bind::text(o.id.to_string()),
-                        Bind::text(&tenant_s),
-                        Bind::opt(w.signal_id.map(|s| s.to_string())),
-                        Bind::text(&rid),
-                        Bind::text(&o.status),
-                        Bind::text(o.body.to_string()),
-                        Bind::text(&created),
-                        Bind::text(&created),
-                    ]);
+                match done {
+                    Some(committed) => committed,
+                    None => {
+                        let generation = subscriptions_generation();
+                        let mut tx = SqliteTx::begin(write.acquire().await?);
+                        let head_and_subs = "BEGIN IMMEDIATE;\n\
+                            INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING;\n\
+                            SELECT 'h', seq, hash FROM receipt_heads WHERE tenant_id = $1;\n\
+                            SELECT 's', 0, event_name || ' ' || id FROM webhook_subscriptions WHERE tenant_id = $1 AND status = 'active'";
+                        let rows: Vec<(String, i64, String)> = tx
+                            .run(
+                                sqlx::query_as(head_and_subs)
+                                    .bind(&tenant_s)
+                                    .bind(GENESIS_HASH),
+                            )
+                            .await?;
+                        let mut head = None;
+                        let mut subs = Vec::new();
+                        for (tag, seq, text) in rows {
+                            if tag == "h" {
+                                head = Some((seq, text));
+                            } else if let Some((name, id)) = text.rsplit_once(' ') {
+                                subs.push((name.to_string(), id.to_string()));
+                            }
+                        }
+                        let head =
+                            head.ok_or_else(|| StoreError::Corrupt("no chain head".into()))?;
+                        let chained = chain_statements(tenant, head, &subs, &writes, &created)?;
+                        tx.commit_with(
+                            "",
+                            [&signals].into_iter().chain(&chained.stmts).chain(&extra),
+                        )
+                        .await?;
+                        *tip = Some(ChainTip {
+                            head: chained.head,
+                            subs,
+                            subs_generation: generation,
+                        });
+                        chained.committed
+                    }
                 }
-                if let Some(r) = &w.repair_plan {
-                    plans.push(vec![
-                        Bind::text(r.id.to_string()),
-                        Bind::text(&tenant_s),
-                        Bind::opt(r.parent.map(|x| x.to_string())),
-                        Bind::text(&r.status),
-                        Bind::text(r.body.to_string()),
-                        Bind::text(&created),
-                        Bind::text(&created),
-                    ]);
-                }
-                events.extend(
-                    finish
-                        .events
-                        .into_iter()
-                        .filter(|e| subscribed.contains(&e.name)),
-                );
-                committed.push(CommittedReceipt {
-                    id: w.id,
-                    seq,
-                    replay_hash: replay_hash.clone(),
-                    result: finish.result,
-                });
-                prev = replay_hash;
             }
-            let mut stmts = vec![
-                Stmt::Insert {
-                    table: "signals",
-                    columns: &["id", "tenant_id", "trace_id", "source_id", "payload_digest", "body", "created_at"],
-                    rows: std::mem::take(&mut signal_rows),
-                    suffix: "",
-                },
-                Stmt::Insert {
-                    table: "receipts",
-                    columns: &["id", "tenant_id", "seq", "kind", "signal_id", "source_id", "refused", "decision", "outcome", "replay_hash", "prev_hash", "payload", "field_digests", "idem_key", "result", "created_at"],
-                    rows: receipt_rows,
-                    suffix: "",
-                },
-                Stmt::Insert {
-                    table: "traces",
-                    columns: &["tenant_id", "id", "phase", "influence", "trace_type", "last_receipt_id", "updated_at"],
-                    rows: traces,
-                    suffix: "ON CONFLICT (tenant_id, id) DO UPDATE SET phase = excluded.phase, influence = excluded.influence, last_receipt_id = excluded.last_receipt_id, updated_at = excluded.updated_at",
-                },
-                Stmt::Insert {
-                    table: "obstructions",
-                    columns: &["id", "tenant_id", "signal_id", "receipt_id", "status", "body", "created_at", "updated_at"],
-                    rows: obstructions,
-                    suffix: "ON CONFLICT (id) DO NOTHING",
-                },
-                Stmt::Insert {
-                    table: "repair_plans",
-                    columns: &["id", "tenant_id", "obstruction_id", "status", "body", "created_at", "updated_at"],
-                    rows: plans,
-                    suffix: "ON CONFLICT (id) DO NOTHING",
-                },
-            ];
-            stmts.extend(extra);
-            run_stmts!(tx, &stmts);
-            if seq != head_seq {
-                sqlx::query("UPDATE receipt_heads SET seq = $1, hash = $2 WHERE tenant_id = $3")
-                    .bind(seq)
-                    .bind(&prev)
+            super::Backend::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")
                     .bind(&tenant_s)
+                    .bind(GENESIS_HASH)
                     .execute(&mut *tx)
                     .await?;
+                let head: (i64, String) = sqlx::query_as(
+                    "SELECT seq, hash FROM receipt_heads WHERE tenant_id = $1 FOR UPDATE",
+                )
+                .bind(&tenant_s)
+                .fetch_one(&mut *tx)
+                .await?;
+                let subs: Vec<(String, String)> = if writes.is_empty() {
+                    Vec::new()
+                } else {
+                    sqlx::query_as("SELECT event_name, id FROM webhook_subscriptions WHERE tenant_id = $1 AND status = 'active'")
+                        .bind(&tenant_s)
+                        .fetch_all(&mut *tx)
+                        .await?
+                };
+                let chained = chain_statements(tenant, head, &subs, &writes, &created)?;
+                let d = &super::POSTGRES;
+                let stmts: Vec<&Stmt> = [&signals]
+                    .into_iter()
+                    .chain(&chained.stmts)
+                    .chain(&extra)
+                    .collect();
+                run_stmts!(tx, d, stmts);
+                tx.commit().await?;
+                chained.committed
             }
-            for e in &events {
-                enqueue_event!(tx, tenant, e, &created);
-            }
-            tx.commit().await?;
-            Ok::<_, StoreError>(committed)
-        })?;
+        };
         crate::metrics::JOURNAL_COMMIT.observe(timer.elapsed().as_secs_f64());
         Ok(out)
     }
 
     /// Runs statements in one transaction (no receipt): journal updates and the like.
     pub async fn run_statements(&self, stmts: Vec<Stmt>) -> Result<()> {
-        with_pool!(self, write, |p, _d| {
+        with_pool!(self, write, |p, d| {
             let mut tx = p.begin().await?;
-            run_stmts!(tx, &stmts);
+            run_stmts!(tx, d, &stmts);
             tx.commit().await?;
             Ok(())
         })

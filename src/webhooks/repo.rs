@@ -401,6 +401,8 @@ impl Store {
                 .await?;
             }
             tx.commit().await?;
+            // Proxied receipts' events must find the subscription from now on.
+            crate::store::subscriptions_changed();
             Ok::<_, StoreError>(Some(row))
         })?;
         stored.map(SubscriptionRow::into_model).transpose()
@@ -726,6 +728,7 @@ impl Store {
         with_pool!(self, write, |p, _d| {
             let mut tx = p.begin().await?;
             let mut out = vec![Recorded::LeaseLost; records.len()];
+            let mut paused = false;
             for ((token, http_status), idx) in &groups {
                 for chunk in idx.chunks(500) {
                     let placeholders: Vec<String> =
@@ -836,6 +839,7 @@ impl Store {
                     crate::enqueue_event!(tx, c.tenant_id, event, &at);
                 }
                 if r.pause_subscription {
+                    paused = true;
                     sqlx::query(
                         "UPDATE webhook_subscriptions SET status = 'paused', updated_at = $1 WHERE id = $2 AND tenant_id = $3 AND status = 'active'",
                     )
@@ -847,6 +851,10 @@ impl Store {
                 }
             }
             tx.commit().await?;
+            if paused {
+                // A paused subscription gets no more deliveries of proxied receipts' events.
+                crate::store::subscriptions_changed();
+            }
             Ok(out)
         })
     }
@@ -855,46 +863,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StorageConfig;
 
-    /// A fresh SQLite store, and a fresh PostgreSQL one when TEST_DATABASE_URL is set.
-    async fn stores() -> Vec<(Store, tempfile::TempDir)> {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("t.db").display());
-        let mut out = vec![(
-            Store::connect(&StorageConfig {
-                url,
-                ..Default::default()
-            })
-            .await
-            .unwrap(),
-            dir,
-        )];
-        if let Ok(admin) = std::env::var("TEST_DATABASE_URL") {
-            let name = format!("gate_unit_{}", Uuid::new_v4().simple());
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&admin)
-                .await
-                .unwrap();
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&pool)
-                .await
-                .unwrap();
-            pool.close().await;
-            let url = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
-            out.push((
-                Store::connect(&StorageConfig {
-                    url,
-                    ..Default::default()
-                })
-                .await
-                .unwrap(),
-                tempfile::tempdir().unwrap(),
-            ));
-        }
-        out
-    }
+    use crate::store::testing::stores;
 
     async fn setup(store: &Store, tenant: Uuid, n: usize) -> WebhookSubscription {
         let sub = store

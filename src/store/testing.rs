@@ -1,0 +1,45 @@
+//! Stores for unit tests: SQLite in a temporary directory, and PostgreSQL (a fresh database)
+//! when `TEST_DATABASE_URL` is set.
+
+use super::Store;
+use crate::config::StorageConfig;
+use uuid::Uuid;
+
+/// A fresh SQLite store, and a fresh PostgreSQL one when TEST_DATABASE_URL is set.
+pub async fn stores() -> Vec<(Store, tempfile::TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("t.db").display());
+    let mut out = vec![(
+        Store::connect(&StorageConfig {
+            url,
+            ..Default::default()
+        })
+        .await
+        .unwrap(),
+        dir,
+    )];
+    if let Ok(admin) = std::env::var("TEST_DATABASE_URL") {
+        let name = format!("gate_unit_{}", Uuid::new_v4().simple());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin)
+            .await
+            .unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let url = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
+        out.push((
+            Store::connect(&StorageConfig {
+                url,
+                ..Default::default()
+            })
+            .await
+            .unwrap(),
+            tempfile::tempdir().unwrap(),
+        ));
+    }
+    out
+}
