@@ -173,7 +173,7 @@ impl Store {
                 // holds. 16 MiB per connection (it fills only as pages are used), and the file
                 // mapped for reads (page cache shared with the OS, not copied).
                 .pragma("cache_size", "-16384")
-                .pragma("mmap_size", "268435456")
+                .pragma("mmap_size", "0")
                 .pragma("temp_store", "memory")
                 // Checkpoints run beside the writer (see `checkpointer`), not inside the commit
                 // that happens to cross the threshold; this is the backstop if they fall behind
