@@ -109,12 +109,28 @@ pub fn hash_value(v: &Value) -> String {
     sha256_hex(canonical_json(v).unwrap_or_default().as_bytes())
 }
 
+/// Hex digits kept of each field's digest: 64 bits. The digests only name the field a replay
+/// finds altered; what proves the content is `replay_hash`, a whole sha256 of it. (Stored as 64
+/// hex digits before session 4; a recorded digest is compared as a prefix, so both read.)
+pub const FIELD_DIGEST_HEX: usize = 16;
+
+/// The digest of one field's value as recorded: the first [`FIELD_DIGEST_HEX`] hex digits of the
+/// sha256 of its canonical JSON.
+fn field_digest(canonical: &str) -> String {
+    let mut d = sha256_hex(canonical.as_bytes());
+    d.truncate(FIELD_DIGEST_HEX);
+    d
+}
+
 /// Digest of each top-level field of the content, kept beside the receipt so
 /// a replay can name the field that was altered, not just say that one was.
 pub fn field_digests(content: &Map<String, Value>) -> Map<String, Value> {
     content
         .iter()
-        .map(|(k, v)| (k.clone(), Value::String(hash_value(v))))
+        .map(|(k, v)| {
+            let d = field_digest(&canonical_json(v).unwrap_or_default());
+            (k.clone(), Value::String(d))
+        })
         .collect()
 }
 
@@ -123,7 +139,7 @@ pub fn changed_fields(content: &Map<String, Value>, recorded: &Map<String, Value
     let mut out: Vec<String> = Vec::new();
     for (k, v) in content {
         match recorded.get(k).and_then(Value::as_str) {
-            Some(d) if d == hash_value(v) => {}
+            Some(d) if d.len() >= FIELD_DIGEST_HEX && hash_value(v).starts_with(d) => {}
             _ => out.push(k.clone()),
         }
     }
@@ -156,7 +172,7 @@ struct Member {
     /// `"key":value` as serde_json writes it (what is stored: it keeps what JCS folds, such as
     /// `-0.0` against `0`, so the stored material reads back as the same values).
     plain: String,
-    /// sha256 of the canonical value.
+    /// The field's digest as recorded (see [`field_digest`]).
     digest: String,
 }
 
@@ -234,7 +250,7 @@ impl CanonicalContent {
 impl Member {
     fn new(key: String, v: &Value) -> Member {
         let value = canonical_or_plain(v);
-        let digest = sha256_hex(value.as_bytes());
+        let digest = field_digest(&value);
         let name = canonical_or_plain(&Value::String(key.clone()));
         let canonical = format!("{name}:{value}");
         // The stored form differs from the canonical one only in how numbers are spelled.
@@ -496,6 +512,25 @@ mod tests {
         assert_eq!(
             changed_fields(altered.as_object().unwrap(), &rec),
             vec!["decision".to_string()]
+        );
+        // Receipts recorded with whole digests (before session 4) read the same way.
+        let whole: Map<String, Value> = content
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(hash_value(v))))
+            .collect();
+        assert_eq!(
+            changed_fields(altered.as_object().unwrap(), &whole),
+            vec!["decision".to_string()]
+        );
+        assert!(changed_fields(content.as_object().unwrap(), &whole).is_empty());
+        // A digest too short to mean anything names its field.
+        let mut short = rec.clone();
+        short.insert("signal".into(), json!("ab"));
+        assert_eq!(
+            changed_fields(content.as_object().unwrap(), &short),
+            vec!["signal".to_string()]
         );
     }
 }

@@ -320,21 +320,7 @@ mod tests {
             assert_eq!(grouped(4).await.unwrap()[0].seq, 4);
             assert_eq!(deliveries(&store, tenant).await, 0);
             // A subscription appears between two groups.
-            store
-                .upsert_subscription(
-                    tenant,
-                    crate::webhooks::repo::SubscriptionWrite {
-                        id: None,
-                        product_surface: crate::kernel::types::ProductSurface::Generic,
-                        event_name: "receipt.created".into(),
-                        target_url: "http://127.0.0.1:9/".into(),
-                        secret: None,
-                        status: None,
-                        metadata: None,
-                    },
-                )
-                .await
-                .unwrap();
+            crate::store::testing::subscribe(&store, tenant, "receipt.created").await;
             assert_eq!(grouped(5).await.unwrap()[0].seq, 5);
             assert_eq!(deliveries(&store, tenant).await, 1);
             // Several batches in flight at once share groups and keep their order.

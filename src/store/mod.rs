@@ -59,22 +59,17 @@ pub struct Dialect {
     /// SQLite has one writer, so it needs none.
     pub for_update: &'static str,
     pub skip_locked: &'static str,
-    /// Whether one query may hold several statements with their binds (SQLite: sqlx runs them
-    /// in one hand-off to the connection's thread; PostgreSQL's extended protocol cannot).
-    pub multi_statement: bool,
 }
 
 pub const SQLITE: Dialect = Dialect {
     name: "sqlite",
     for_update: "",
     skip_locked: "",
-    multi_statement: true,
 };
 pub const POSTGRES: Dialect = Dialect {
     name: "postgres",
     for_update: " FOR UPDATE",
     skip_locked: " FOR UPDATE SKIP LOCKED",
-    multi_statement: false,
 };
 
 #[derive(Clone)]

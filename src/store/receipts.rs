@@ -771,47 +771,33 @@ macro_rules! bind_all {
     }};
 }
 
-/// Runs [`Stmt`]s inside the caller's transaction. On SQLite they go as one multi-statement
-/// query: one hand-off to sqlx's connection thread for the lot, where one per statement cost
-/// more than the statements (each a wake-up of two threads); the query is not kept in the
-/// statement cache (its shape changes with every batch). PostgreSQL runs them one by one.
+/// Runs [`Stmt`]s inside the caller's transaction one by one (PostgreSQL; SQLite runs them as
+/// one query through [`SqliteTx::commit_with`]).
 macro_rules! run_stmts {
-    ($tx:ident, $d:ident, $stmts:expr) => {{
-        if $d.multi_statement {
-            for q in multi_statement($stmts) {
-                let changed: Vec<(i64, i64)> = bind_all!(sqlx::query_as(&q.sql), q.binds)
-                    .fetch_all(&mut *$tx)
-                    .await?;
-                for (i, n) in changed {
-                    let expected = q.expect.get(i as usize).copied();
-                    expect_changed(expected, n as u64)?;
+    ($tx:ident, $stmts:expr) => {{
+        for s in $stmts {
+            match s {
+                Stmt::Exec {
+                    sql,
+                    binds,
+                    expect_rows,
+                } => {
+                    let done = bind_all!(sqlx::query(sql), binds)
+                        .execute(&mut *$tx)
+                        .await?;
+                    expect_changed(*expect_rows, done.rows_affected())?;
                 }
-            }
-        } else {
-            for s in $stmts {
-                match s {
-                    Stmt::Exec {
-                        sql,
-                        binds,
-                        expect_rows,
-                    } => {
-                        let done = bind_all!(sqlx::query(sql), binds)
+                Stmt::Insert {
+                    table,
+                    columns,
+                    rows,
+                    suffix,
+                } => {
+                    for part in rows.chunks(rows_per_insert(columns.len())) {
+                        let sql = insert_sql(table, columns, part.len(), suffix);
+                        bind_all!(sqlx::query(&sql), part.iter().flatten())
                             .execute(&mut *$tx)
                             .await?;
-                        expect_changed(*expect_rows, done.rows_affected())?;
-                    }
-                    Stmt::Insert {
-                        table,
-                        columns,
-                        rows,
-                        suffix,
-                    } => {
-                        for part in rows.chunks(rows_per_insert(columns.len())) {
-                            let sql = insert_sql(table, columns, part.len(), suffix);
-                            bind_all!(sqlx::query(&sql), part.iter().flatten())
-                                .execute(&mut *$tx)
-                                .await?;
-                        }
                     }
                 }
             }
@@ -1321,13 +1307,12 @@ impl Store {
                         .await?
                 };
                 let chained = chain_statements(tenant, head, &subs, &writes, &created)?;
-                let d = &super::POSTGRES;
                 let stmts: Vec<&Stmt> = [&signals]
                     .into_iter()
                     .chain(&chained.stmts)
                     .chain(&extra)
                     .collect();
-                run_stmts!(tx, d, stmts);
+                run_stmts!(tx, stmts);
                 tx.commit().await?;
                 chained.committed
             }
@@ -1338,12 +1323,19 @@ impl Store {
 
     /// Runs statements in one transaction (no receipt): journal updates and the like.
     pub async fn run_statements(&self, stmts: Vec<Stmt>) -> Result<()> {
-        with_pool!(self, write, |p, d| {
-            let mut tx = p.begin().await?;
-            run_stmts!(tx, d, &stmts);
-            tx.commit().await?;
-            Ok(())
-        })
+        match &self.backend {
+            super::Backend::Sqlite { write, .. } => {
+                SqliteTx::begin(write.acquire().await?)
+                    .commit_with("BEGIN IMMEDIATE;\n", &stmts)
+                    .await
+            }
+            super::Backend::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                run_stmts!(tx, &stmts);
+                tx.commit().await?;
+                Ok(())
+            }
+        }
     }
 }
 

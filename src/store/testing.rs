@@ -43,3 +43,27 @@ pub async fn stores() -> Vec<(Store, tempfile::TempDir)> {
     }
     out
 }
+
+/// An active subscription of `tenant` to `event`, delivering nowhere (port 9).
+pub async fn subscribe(
+    store: &Store,
+    tenant: Uuid,
+    event: &str,
+) -> crate::webhooks::model::WebhookSubscription {
+    store
+        .upsert_subscription(
+            tenant,
+            crate::webhooks::repo::SubscriptionWrite {
+                id: None,
+                product_surface: crate::kernel::types::ProductSurface::Generic,
+                event_name: event.into(),
+                target_url: "http://127.0.0.1:9/".into(),
+                secret: None,
+                status: None,
+                metadata: None,
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap()
+}

@@ -867,22 +867,7 @@ mod tests {
     use crate::store::testing::stores;
 
     async fn setup(store: &Store, tenant: Uuid, n: usize) -> WebhookSubscription {
-        let sub = store
-            .upsert_subscription(
-                tenant,
-                SubscriptionWrite {
-                    id: None,
-                    product_surface: ProductSurface::Generic,
-                    event_name: "receipt.created".into(),
-                    target_url: "http://127.0.0.1:9/".into(),
-                    secret: None,
-                    status: None,
-                    metadata: None,
-                },
-            )
-            .await
-            .unwrap()
-            .unwrap();
+        let sub = crate::store::testing::subscribe(store, tenant, "receipt.created").await;
         let events: Vec<EventWrite> = (0..n)
             .map(|i| EventWrite {
                 name: "receipt.created".into(),
