@@ -84,9 +84,6 @@ pub struct Store {
     group: Option<group::Queue>,
     /// The coalescing reader of proxied writes' bases (see [`basis`]).
     basis: Option<basis::Queue>,
-    /// The committer and the reader behind the two queues, not yet started: they start on the
-    /// runtime of their first user (see [`Store::start_batchers`]).
-    batchers: std::sync::Mutex<Option<(group::Inbox, basis::Inbox)>>,
 }
 
 /// Runs `$body` with `$p` bound to the pool for reads (or writes) and `$d` to
@@ -224,14 +221,21 @@ impl Store {
         if let Backend::Sqlite { read, .. } = &backend {
             tokio::spawn(checkpointer(read.clone()));
         }
+        // The group committer and the basis reader run on this (the main) runtime, which
+        // outlives the proxy's: at shutdown `flush` commits what the proxy left queued (the
+        // upstream answers of its last writes). On the proxy's own threads they measured ~10%
+        // more proxied writes per second (a task wake-up instead of a thread wake-up per
+        // hand-off), but Pingora drops its runtime, queue and all, before that flush can run.
         let (group, group_inbox) = group::channel();
         let (basis, basis_inbox) = basis::channel();
-        Ok(Store {
+        let store = Store {
             backend,
             group: Some(group),
             basis: Some(basis),
-            batchers: std::sync::Mutex::new(Some((group_inbox, basis_inbox))),
-        })
+        };
+        group::start(store.unbatched(), group_inbox);
+        basis::start(store.unbatched(), basis_inbox);
+        Ok(store)
     }
 
     /// A handle on the same pools without batching (what the batchers themselves use).
@@ -240,19 +244,6 @@ impl Store {
             backend: self.backend.clone(),
             group: None,
             basis: None,
-            batchers: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Starts the group committer and the basis reader, once, on the current runtime. Their
-    /// users are the proxy's writes, so they run on the proxy's own threads: handing a write to
-    /// its committer is then a task wake-up on the same thread, not a wake-up of another thread
-    /// (on two cores, each of those cost more than the work handed over).
-    pub(super) fn start_batchers(&self) {
-        let mut pending = self.batchers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((group_inbox, basis_inbox)) = pending.take() {
-            group::start(self.unbatched(), group_inbox);
-            basis::start(self.unbatched(), basis_inbox);
         }
     }
 
@@ -279,12 +270,7 @@ impl Store {
     /// Commits what the group committer holds (graceful shutdown: journal settles queued by
     /// the last requests are written before the pools close).
     pub async fn flush(&self) {
-        let started = self
-            .batchers
-            .lock()
-            .map(|pending| pending.is_none())
-            .unwrap_or(true);
-        if let (Some(q), true) = (&self.group, started) {
+        if let Some(q) = &self.group {
             group::flush(q).await;
         }
     }

@@ -315,10 +315,7 @@ impl Store {
             return Ok((traces, history));
         }
         match &self.basis {
-            Some(q) => {
-                self.start_batchers();
-                super::basis::read(self, q, tenant, ids, source_id, window).await
-            }
+            Some(q) => super::basis::read(self, q, tenant, ids, source_id, window).await,
             None => {
                 let (traces, mut h) = self
                     .bases_of(tenant, ids, &[(source_id.to_string(), window)])
@@ -440,10 +437,7 @@ impl Store {
             detail,
         };
         match &self.group {
-            Some(q) => {
-                self.start_batchers();
-                super::group::settle(self, q, s).await
-            }
+            Some(q) => super::group::settle(self, q, s).await,
             None => self.settle_all(vec![s]).await,
         }
     }

@@ -1154,7 +1154,6 @@ impl Store {
         let groupable = extra.iter().all(|s| matches!(s, Stmt::Insert { .. }));
         match &self.group {
             Some(group) if groupable => {
-                self.start_batchers();
                 super::group::commit(self, group, tenant, signal_rows, writes, extra).await
             }
             _ => self.commit_rows(tenant, signal_rows, writes, extra).await,
