@@ -1,16 +1,18 @@
 //! Group commit of proxied receipts.
 //!
-//! On SQLite every write goes through one connection, and a receipt batch is about ten
-//! statements, each a round trip to sqlx's connection thread: one transaction per proxied
-//! request caps the proxy's writes at a few hundred per second whatever the CPU. So batches
-//! queue here, and one task commits them: it takes every batch that is waiting (up to
+//! On SQLite every write goes through one connection, and every transaction costs at least one
+//! round trip to sqlx's connection thread: one transaction per proxied request caps the proxy's
+//! writes at a few hundred per second whatever the CPU. So batches queue here, and one task
+//! commits them: it takes every batch that is waiting (up to
 //! [`MAX_GROUP_RECEIPTS`] receipts), appends them to their tenant's chain in arrival order in ONE
 //! transaction (same statements, more rows), and answers each caller with its own receipts.
 //! While one group commits the next one gathers, so a lone write waits for nothing and a
 //! crowd shares the cost. Nothing is acknowledged before its group has committed: durability
 //! is exactly that of [`Store::commit_receipts`]. A group holds only batches whose statements
 //! insert fresh rows (see [`Store::commit_receipts_grouped`]), so a group fails only as a
-//! whole, on a storage error every member would have hit alone.
+//! whole, on a storage error every member would have hit alone. The committer keeps each
+//! tenant's chain tip between groups, so that on SQLite a group is one round trip (see
+//! [`Store::commit_rows_at`]).
 
 use super::receipts::{Bind, ChainTip, CommittedReceipt, ReceiptWrite, Stmt};
 use super::{Result, Store, StoreError};
