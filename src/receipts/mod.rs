@@ -101,7 +101,11 @@ impl serde_json::ser::Formatter for JcsNumbers {
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    let mut out = [0u8; 64];
+    // `encode` collects a char iterator; the slice form is a table lookup per byte. A digest
+    // is exactly half the buffer, so this cannot fail.
+    let _ = hex::encode_to_slice(Sha256::digest(bytes), &mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// sha256 of the canonical JSON of `v`.
@@ -167,6 +171,8 @@ pub struct CanonicalContent {
 #[derive(Debug, Clone)]
 struct Member {
     key: String,
+    /// Bytes of the key as a JSON string at the start of `canonical` and `plain`.
+    name_len: usize,
     /// `"key":value`, canonical (what the hash covers).
     canonical: String,
     /// `"key":value` as serde_json writes it (what is stored: it keeps what JCS folds, such as
@@ -235,14 +241,24 @@ impl CanonicalContent {
             out
         };
         let canonical = join(|m| &m.canonical);
-        let digests: Map<String, Value> = all
-            .iter()
-            .map(|m| (m.key.clone(), Value::String(m.digest.clone())))
-            .collect();
+        // `{"key":"digest",...}`: each member's canonical key is the text before its first
+        // `:` outside the key string, which is exactly `name.len()` bytes.
+        let mut field_digests = String::with_capacity(all.len() * (FIELD_DIGEST_HEX + 24) + 2);
+        field_digests.push('{');
+        for (i, m) in all.iter().enumerate() {
+            if i > 0 {
+                field_digests.push(',');
+            }
+            field_digests.push_str(&m.canonical[..m.name_len]);
+            field_digests.push_str(":\"");
+            field_digests.push_str(&m.digest);
+            field_digests.push('"');
+        }
+        field_digests.push('}');
         SealedContent {
             replay_hash: sha256_hex(canonical.as_bytes()),
             payload: join(|m| &m.plain),
-            field_digests: Value::Object(digests).to_string(),
+            field_digests,
         }
     }
 }
@@ -251,15 +267,25 @@ impl Member {
     fn new(key: String, v: &Value) -> Member {
         let value = canonical_or_plain(v);
         let digest = field_digest(&value);
-        let name = canonical_or_plain(&Value::String(key.clone()));
-        let canonical = format!("{name}:{value}");
+        // A string serializes the same in both forms (serde_json escapes what JCS escapes).
+        let name = serde_json::to_string(&key).unwrap_or_default();
+        let mut canonical = String::with_capacity(name.len() + 1 + value.len());
+        canonical.push_str(&name);
+        canonical.push(':');
+        canonical.push_str(&value);
         // The stored form differs from the canonical one only in how numbers are spelled.
         let plain = if numbers_differ_from_jcs(v) {
-            format!("{name}:{v}")
+            let mut plain = Vec::with_capacity(canonical.len() + 16);
+            plain.extend_from_slice(name.as_bytes());
+            plain.push(b':');
+            // Writing a `Value` to memory cannot fail.
+            let _ = serde_json::to_writer(&mut plain, v);
+            String::from_utf8(plain).unwrap_or_default()
         } else {
             canonical.clone()
         };
         Member {
+            name_len: name.len(),
             key,
             canonical,
             plain,
