@@ -144,17 +144,30 @@ pub fn upstream_peer(u: &crate::config::UpstreamConfig) -> HttpPeer {
     }
 }
 
-/// Pingora's shutdown is driven by our own signal handling (one place for SIGTERM).
-struct WatchShutdown(tokio::sync::watch::Receiver<bool>);
+/// Pingora's shutdown is driven by our own signal handling (one place for SIGTERM). When it
+/// fires, and before Pingora is told (it then drops its runtime and every task on it), the
+/// governed writes in flight get up to the grace period to finish, and the group committer,
+/// which runs on this runtime, commits what they queued (their journal settles).
+struct WatchShutdown {
+    signal: tokio::sync::watch::Receiver<bool>,
+    state: Arc<AppState>,
+    grace: std::time::Duration,
+}
 
 #[async_trait]
 impl ShutdownSignalWatch for WatchShutdown {
     async fn recv(&self) -> ShutdownSignal {
-        let mut rx = self.0.clone();
+        let mut rx = self.signal.clone();
         while !*rx.borrow() {
             if rx.changed().await.is_err() {
                 break;
             }
+        }
+        write::writes_done(self.grace).await;
+        let flushed =
+            tokio::time::timeout(std::time::Duration::from_secs(5), self.state.store.flush()).await;
+        if flushed.is_err() {
+            tracing::error!("shutdown: the group committer did not finish within 5 s");
         }
         ShutdownSignal::GracefulTerminate
     }
@@ -181,6 +194,11 @@ pub fn run(
             };
             let mut server = Server::new_with_opt_and_conf(None, conf);
             server.bootstrap();
+            let watch = WatchShutdown {
+                signal: shutdown,
+                state: state.clone(),
+                grace: std::time::Duration::from_secs(grace),
+            };
             let mut svc =
                 pingora_proxy::http_proxy_service(&server.configuration, GateProxy { state });
             if let Some(app) = svc.app_logic_mut() {
@@ -192,7 +210,7 @@ pub fn run(
             svc.add_tcp(&addr);
             server.add_service(svc);
             server.run(RunArgs {
-                shutdown_signal: Box::new(WatchShutdown(shutdown)),
+                shutdown_signal: Box::new(watch),
             });
         })
         .expect("spawning the proxy thread")

@@ -67,6 +67,25 @@ pub async fn handle(
     let cfg = &rt.config;
     let route = m.route;
     let started = std::time::Instant::now();
+    let _in_flight = InFlight::enter();
+    if DRAINING.load(std::sync::atomic::Ordering::Acquire) {
+        crate::metrics::PROXY_RECORDS
+            .with_label_values(&["failed_closed"])
+            .inc();
+        let detail = "the gate is shutting down; nothing was sent to the store";
+        write_problem(
+            session,
+            503,
+            "unavailable",
+            detail,
+            Value::Null,
+            &[("retry-after", "1".into())],
+        )
+        .await?;
+        return Ok(true);
+    }
+    // The batchers run on the proxy's threads (see `Store::start_batchers`).
+    proxy.state.store.start_batchers();
 
     let body = match body::read_whole(
         session,
@@ -538,6 +557,40 @@ async fn unavailable(
     forward(session, rt, None, body, &headers, settle).await
 }
 
+/// Governed writes being handled now: the shutdown drain waits for them before it flushes
+/// the group committer (their journal settles are queued by then).
+static WRITES_IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct InFlight;
+
+impl InFlight {
+    fn enter() -> InFlight {
+        WRITES_IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        WRITES_IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Set when shutdown begins: governed writes that arrive after it are refused (503, nothing
+/// sent upstream), so the ones in flight can finish and their journal settles be flushed.
+static DRAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Refuses new governed writes, then waits (at most `bound`) until none is being handled.
+pub(super) async fn writes_done(bound: std::time::Duration) {
+    DRAINING.store(true, std::sync::atomic::Ordering::Release);
+    let until = std::time::Instant::now() + bound;
+    while WRITES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire) > 0
+        && std::time::Instant::now() < until
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// What to record once the upstream has answered.
 pub(super) struct Settle {
     request_id: Option<Uuid>,
@@ -599,15 +652,7 @@ pub(super) async fn forward(
                 } else {
                     "failed"
                 };
-                let err = error.to_string();
-                tokio::spawn(async move {
-                    if let Err(e) = store
-                        .settle_dispatch_later(rid, verdict, None, Some(err))
-                        .await
-                    {
-                        tracing::error!(error = %e, "journal: could not record a failed dispatch");
-                    }
-                });
+                store.settle_dispatch_soon(rid, verdict, None, Some(error.to_string()));
             }
             write_problem(session, status, code, &detail, Value::Null, headers).await?;
             Ok(true)
@@ -621,14 +666,7 @@ pub(super) async fn forward(
                 } else {
                     "rejected"
                 };
-                tokio::spawn(async move {
-                    if let Err(e) = store
-                        .settle_dispatch_later(rid, verdict, Some(status), None)
-                        .await
-                    {
-                        tracing::error!(error = %e, "journal: could not record the upstream's answer");
-                    }
-                });
+                store.settle_dispatch_soon(rid, verdict, Some(status), None);
             }
             if (200..300).contains(&status) && !settle.tombstones.is_empty() {
                 if let Some(store) = state_store {

@@ -17,6 +17,7 @@
 use super::receipts::{Bind, ChainTip, CommittedReceipt, ReceiptWrite, Stmt};
 use super::{Result, Store, StoreError};
 use std::collections::HashMap;
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
@@ -108,15 +109,37 @@ pub(super) async fn flush(queue: &Queue) {
     }
 }
 
-/// Queues a settle; without a running committer it is applied at once.
-pub(super) async fn settle(store: &Store, queue: &Queue, s: Settle) -> Result<()> {
-    match queue.send(Work::Settle(s)).await {
-        Ok(()) => Ok(()),
-        Err(mpsc::error::SendError(Work::Settle(s))) => store.settle_all(vec![s]).await,
-        Err(_) => Err(StoreError::Unavailable(
-            "the group committer is gone".into(),
-        )),
+/// Queues a settle without waiting: when this returns the settle is in the queue, or a task
+/// holds it (the queue is full: it waits for room; no committer runs: it commits alone).
+pub(super) fn settle(store: &Arc<Store>, queue: Option<&Queue>, s: Settle) {
+    use mpsc::error::TrySendError;
+    let Some(q) = queue else {
+        return settle_alone(store, s);
+    };
+    match q.try_send(Work::Settle(s)) {
+        Ok(()) => {}
+        Err(TrySendError::Full(work)) => {
+            let q = q.clone();
+            tokio::spawn(async move {
+                if q.send(work).await.is_err() {
+                    tracing::error!(
+                        "journal: the group committer stopped; an upstream answer was not recorded"
+                    );
+                }
+            });
+        }
+        Err(TrySendError::Closed(Work::Settle(s))) => settle_alone(store, s),
+        Err(TrySendError::Closed(_)) => {}
     }
+}
+
+fn settle_alone(store: &Arc<Store>, s: Settle) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        if let Err(e) = store.settle_all(vec![s]).await {
+            tracing::error!(error = %e, "journal: could not record the upstream's answer");
+        }
+    });
 }
 
 async fn run(store: Store, mut rx: Inbox) {

@@ -7,6 +7,7 @@ use super::{now, Bind, Result, Stmt, Store, StoreError};
 use crate::kernel::types::{AllowedInfluence, TracePhase};
 use crate::with_pool;
 use std::collections::HashMap;
+use std::sync::Arc;
 use uuid::Uuid;
 
 /// Ids per `IN (...)` list.
@@ -314,7 +315,7 @@ impl Store {
             let history = self.source_history(tenant, source_id, window).await?;
             return Ok((traces, history));
         }
-        match &self.basis {
+        match self.batchers().map(|b| &b.basis) {
             Some(q) => super::basis::read(self, q, tenant, ids, source_id, window).await,
             None => {
                 let (traces, mut h) = self
@@ -419,27 +420,26 @@ impl Store {
         Ok(())
     }
 
-    /// Records the upstream's answer for every still-pending row of a dispatched request.
-    /// [`Store::settle_dispatch`] through the group committer (answers at once; the journal
-    /// row is updated with the next group). A settle lost to a crash leaves the row `pending`,
+    /// Records the upstream's answer for every still-pending row of a dispatched request:
+    /// [`Store::settle_dispatch`] through the group committer, without waiting (the journal
+    /// row is updated with the next group). The settle is in the committer's queue (or on its
+    /// way to storage) when this returns, so a drain that flushes the queue after the last
+    /// request has returned finds it there. A settle lost to a crash leaves the row `pending`,
     /// which start-up reconciliation resolves by reading the record back.
-    pub async fn settle_dispatch_later(
-        &self,
+    pub fn settle_dispatch_soon(
+        self: &Arc<Self>,
         request_id: Uuid,
         status: &'static str,
         upstream_status: Option<u16>,
         detail: Option<String>,
-    ) -> Result<()> {
+    ) {
         let s = super::group::Settle {
             request_id,
             status,
             upstream_status,
             detail,
         };
-        match &self.group {
-            Some(q) => super::group::settle(self, q, s).await,
-            None => self.settle_all(vec![s]).await,
-        }
+        super::group::settle(self, self.batchers().map(|b| &b.group), s);
     }
 
     /// Settles many dispatches in one transaction: one UPDATE per distinct outcome.

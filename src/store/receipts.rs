@@ -1152,7 +1152,7 @@ impl Store {
     ) -> Result<Vec<CommittedReceipt>> {
         let signal_rows = signal_rows(tenant, signals)?;
         let groupable = extra.iter().all(|s| matches!(s, Stmt::Insert { .. }));
-        match &self.group {
+        match self.batchers().map(|b| &b.group) {
             Some(group) if groupable => {
                 super::group::commit(self, group, tenant, signal_rows, writes, extra).await
             }

@@ -5,7 +5,8 @@ use super::Store;
 use crate::config::StorageConfig;
 use uuid::Uuid;
 
-/// A fresh SQLite store, and a fresh PostgreSQL one when TEST_DATABASE_URL is set.
+/// A fresh SQLite store, and a fresh PostgreSQL one when TEST_DATABASE_URL is set, each with
+/// its batchers running on the test's runtime (as the proxy runs them on its own).
 pub async fn stores() -> Vec<(Store, tempfile::TempDir)> {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("t.db").display());
@@ -18,6 +19,7 @@ pub async fn stores() -> Vec<(Store, tempfile::TempDir)> {
         .unwrap(),
         dir,
     )];
+    out[0].0.start_batchers();
     if let Ok(admin) = std::env::var("TEST_DATABASE_URL") {
         let name = format!("gate_unit_{}", Uuid::new_v4().simple());
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -40,6 +42,7 @@ pub async fn stores() -> Vec<(Store, tempfile::TempDir)> {
             .unwrap(),
             tempfile::tempdir().unwrap(),
         ));
+        out[1].0.start_batchers();
     }
     out
 }
