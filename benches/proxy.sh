@@ -36,31 +36,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+. benches/lib.sh
 ORIGIN=$(free_port); NGINX=$(free_port); BAREP=$(free_port)
 GATE_API=$(free_port); GATE_PROXY=$(free_port); GATE_METRICS=$(free_port)
 COL="0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11"
 BASE="/api/v2/tenants/default_tenant/databases/default_database/collections/$COL"
 
 mkdir -p "$WORK/logs"
-cat > "$WORK/origin.conf" <<EOF
-worker_processes 1;
-pid $WORK/origin.pid;
-error_log $WORK/logs/origin.err warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/cbt; proxy_temp_path $WORK/pt; fastcgi_temp_path $WORK/ft; uwsgi_temp_path $WORK/ut; scgi_temp_path $WORK/st;
-  keepalive_requests 1000000;
-  server {
-    listen 127.0.0.1:$ORIGIN;
-    default_type application/json;
-    location ~ /add\$ { client_body_buffer_size 64k; return 201 '{}'; }
-    location ~ /count\$ { return 200 '4'; }
-    location / { return 200 '{}'; }
-  }
-}
-EOF
+start_origin "$WORK" "$ORIGIN"
 cat > "$WORK/nginx.conf" <<EOF
 worker_processes 1;
 pid $WORK/nginx.pid;
@@ -82,55 +65,20 @@ http {
   }
 }
 EOF
-nginx -c "$WORK/origin.conf" -p "$WORK"
 nginx -c "$WORK/nginx.conf" -p "$WORK"
 
 "$BARE" "127.0.0.1:$BAREP" "127.0.0.1:$ORIGIN" 1 >"$WORK/logs/bare.log" 2>&1 &
 PIDS+=($!)
 
-cat > "$WORK/gate.toml" <<EOF
-[service]
-watch = false
-[listeners]
-api = "127.0.0.1:$GATE_API"
-proxy = "127.0.0.1:$GATE_PROXY"
-metrics = "127.0.0.1:$GATE_METRICS"
-proxy_threads = 1
-[storage]
-url = "sqlite://$WORK/gate.db"
-[logging]
-level = "warn"
-format = "text"
-[upstream]
-address = "127.0.0.1:$ORIGIN"
-[proxy]
-packs = ["$PWD/filters/chroma.toml"]
-tenant = "00000000-0000-4000-8000-000000000001"
-[[tenants]]
-id = "00000000-0000-4000-8000-000000000001"
-name = "bench"
-policy = "default"
-EOF
+gate_config "$WORK/gate.toml" "$GATE_API" "$GATE_PROXY" "$GATE_METRICS" "$ORIGIN" "$WORK/gate.db"
 "$GATE" serve --config "$WORK/gate.toml" >"$WORK/logs/gate.log" 2>&1 &
 GATE_PID=$!
 PIDS+=($GATE_PID)
 
-wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
 for p in $ORIGIN $NGINX $BAREP $GATE_PROXY; do wait_port "$p"; done
 curl -sf "http://127.0.0.1:$GATE_API/readyz" >/dev/null
 
-# One record per add, a unique id per request (every request is a new record to judge).
-cat > "$WORK/add.lua" <<'EOF'
-local n = 0
-local emb = "[" .. string.rep("0.0123,", 383) .. "0.0123]"
-request = function()
-  n = n + 1
-  local id = string.format("t%d-%d", math.random(1, 1000000000), n)
-  local body = '{"ids":["' .. id .. '"],"embeddings":[' .. emb .. '],"metadatas":[{"source":"bench","n":' .. n ..
-    '}],"documents":["Invoices are sent on the first business day of each month as PDF attachments."],"uris":null}'
-  return wrk.format("POST", wrk.path, {["Content-Type"] = "application/json"}, body)
-end
-EOF
+write_add_lua "$WORK/add.lua"
 
 # run NAME PORT KIND -> prints "rps p99_ms"
 run() {

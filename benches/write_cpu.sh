@@ -23,63 +23,17 @@ cleanup() {
   sleep 0.3; rm -rf "$WORK"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+. benches/lib.sh
 ORIGIN=$(free_port)
 COL="0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11"
 URL_PATH="/api/v2/tenants/default_tenant/databases/default_database/collections/$COL/add"
-mkdir -p "$WORK/logs"
-cat > "$WORK/origin.conf" <<EOC
-worker_processes 1;
-pid $WORK/origin.pid;
-error_log $WORK/logs/origin.err warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/cbt; proxy_temp_path $WORK/pt; fastcgi_temp_path $WORK/ft; uwsgi_temp_path $WORK/ut; scgi_temp_path $WORK/st;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$ORIGIN; default_type application/json;
-    location / { client_body_buffer_size 64k; return 201 '{}'; } }
-}
-EOC
-nginx -c "$WORK/origin.conf" -p "$WORK"
-cat > "$WORK/add.lua" <<'EOL'
-local n = 0
-local emb = "[" .. string.rep("0.0123,", 383) .. "0.0123]"
-request = function()
-  n = n + 1
-  local id = string.format("t%d-%d", math.random(1, 1000000000), n)
-  local body = '{"ids":["' .. id .. '"],"embeddings":[' .. emb .. '],"metadatas":[{"source":"bench","n":' .. n ..
-    '}],"documents":["Invoices are sent on the first business day of each month as PDF attachments."],"uris":null}'
-  return wrk.format("POST", wrk.path, {["Content-Type"] = "application/json"}, body)
-end
-EOL
-wait_port() { for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 did not open" >&2; exit 1; }
+start_origin "$WORK" "$ORIGIN"
+write_add_lua "$WORK/add.lua"
 tick=$(getconf CLK_TCK)
 for bin in "$@"; do
   API=$(free_port); PROXY=$(free_port); METRICS=$(free_port)
   rm -f "$WORK"/gate.db*
-  cat > "$WORK/gate.toml" <<EOC
-[service]
-watch = false
-[listeners]
-api = "127.0.0.1:$API"
-proxy = "127.0.0.1:$PROXY"
-metrics = "127.0.0.1:$METRICS"
-proxy_threads = 1
-[storage]
-url = "sqlite://$WORK/gate.db"
-[logging]
-level = "warn"
-[upstream]
-address = "127.0.0.1:$ORIGIN"
-[proxy]
-packs = ["$PWD/filters/chroma.toml"]
-tenant = "00000000-0000-4000-8000-000000000001"
-[[tenants]]
-id = "00000000-0000-4000-8000-000000000001"
-name = "bench"
-policy = "default"
-EOC
+  gate_config "$WORK/gate.toml" "$API" "$PROXY" "$METRICS" "$ORIGIN" "$WORK/gate.db"
   "$bin" serve --config "$WORK/gate.toml" >"$WORK/logs/gate.log" 2>&1 &
   GATE_PID=$!
   wait_port "$PROXY"

@@ -69,20 +69,11 @@ pub async fn handle(
     let started = std::time::Instant::now();
     let _in_flight = InFlight::enter();
     if DRAINING.load(std::sync::atomic::Ordering::Acquire) {
-        crate::metrics::PROXY_RECORDS
-            .with_label_values(&["failed_closed"])
-            .inc();
-        let detail = "the gate is shutting down; nothing was sent to the store";
-        write_problem(
+        return fail_closed(
             session,
-            503,
-            "unavailable",
-            detail,
-            Value::Null,
-            &[("retry-after", "1".into())],
+            "the gate is shutting down; nothing was sent to the store",
         )
-        .await?;
-        return Ok(true);
+        .await;
     }
     // The batchers run on the proxy's threads (see `Store::start_batchers`).
     proxy.state.store.start_batchers();
@@ -527,19 +518,7 @@ async fn unavailable(
     detail: &str,
 ) -> Result<bool> {
     if !fail_open {
-        crate::metrics::PROXY_RECORDS
-            .with_label_values(&["failed_closed"])
-            .inc();
-        write_problem(
-            session,
-            503,
-            "unavailable",
-            detail,
-            Value::Null,
-            &[("retry-after", "1".into())],
-        )
-        .await?;
-        return Ok(true);
+        return fail_closed(session, detail).await;
     }
     tracing::warn!(
         detail,
@@ -589,6 +568,23 @@ pub(super) async fn writes_done(bound: std::time::Duration) {
     {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+}
+
+/// 503 with `Retry-After`: the write was not judged and nothing went upstream.
+async fn fail_closed(session: &mut Session, detail: &str) -> Result<bool> {
+    crate::metrics::PROXY_RECORDS
+        .with_label_values(&["failed_closed"])
+        .inc();
+    write_problem(
+        session,
+        503,
+        "unavailable",
+        detail,
+        Value::Null,
+        &[("retry-after", "1".into())],
+    )
+    .await?;
+    Ok(true)
 }
 
 /// What to record once the upstream has answered.
