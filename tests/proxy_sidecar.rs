@@ -815,3 +815,104 @@ async fn writes_in_flight_at_a_crash_are_reconciled_at_start_up() {
         assert_eq!(up.requests("GET", "/memories/kept").len(), 1);
     }
 }
+
+/// SIGTERM under proxied write load: the proxy drains before it stops. Every write the client
+/// saw answered 2xx has its journal row `completed` in the database the process left behind
+/// (its settle was committed before the exit, not left to start-up reconciliation); writes that
+/// arrive during the drain are refused with 503 and `Retry-After`, and none of those reached the
+/// upstream.
+// Multi-threaded, and the SIGTERM waited for off the runtime: the test upstream and the clients
+// are tasks of this runtime, and they must go on answering and sending while the gate drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_drains_proxied_writes_and_settles_their_journal() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let mut g = gate_for(b, &up, |_| {}).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::<String>::new()));
+        let refused = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut tasks = Vec::new();
+        for w in 0..4 {
+            let (proxy, stop, acked, refused) = (
+                g.proxy.clone(),
+                stop.clone(),
+                acked.clone(),
+                refused.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let id = format!("drain-{w}-{i}");
+                    let Ok(r) = client
+                        .post(format!("{proxy}/memories"))
+                        .json(&json!({"id": id, "text": BENIGN}))
+                        .send()
+                        .await
+                    else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    if r.status().is_success() {
+                        acked.lock().unwrap().push(id);
+                    } else if r.status() == 503 {
+                        assert_eq!(header(&r, "retry-after").as_deref(), Some("1"));
+                        refused.lock().unwrap().push(id);
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (mut g, took) = tokio::task::spawn_blocking(move || {
+            let took = g.terminate();
+            (g, took)
+        })
+        .await
+        .expect("terminate");
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("writer task");
+        }
+        assert!(took < Duration::from_secs(10), "{b:?}: exit took {took:?}");
+        let acked = acked.lock().unwrap().clone();
+        assert!(
+            acked.len() > 10,
+            "{b:?}: the load ran ({} acked)",
+            acked.len()
+        );
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status <> 'completed'")
+                .await,
+            0,
+            "{b:?}: every journal row was settled before the exit: {}",
+            g.log()
+        );
+        let list = acked
+            .iter()
+            .map(|id| format!("'{id}'"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(
+            g.count(&format!(
+                "SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed' AND record_id IN ({list})"
+            ))
+            .await,
+            acked.len() as i64,
+            "{b:?}: every acknowledged write has its completed journal row"
+        );
+        let posted: Vec<String> = up
+            .requests("POST", "/memories")
+            .iter()
+            .map(|s| s.json()["id"].as_str().unwrap_or_default().to_string())
+            .collect();
+        for id in refused.lock().unwrap().iter() {
+            assert!(
+                !posted.contains(id),
+                "{b:?}: refused write {id} reached the upstream"
+            );
+        }
+    }
+}

@@ -655,7 +655,8 @@ pub(super) async fn forward(
         }
         Ok((mut answer, entry)) => {
             let status = answer.status();
-            let broken = super::relay::relay(session, &mut answer, headers).await?;
+            // The upstream has answered: that is recorded whether or not the client is still
+            // there to read the answer.
             if let (Some(rid), Some(store)) = (settle.request_id, state_store.clone()) {
                 let verdict = if (200..300).contains(&status) {
                     "completed"
@@ -674,6 +675,7 @@ pub(super) async fn forward(
                     });
                 }
             }
+            let broken = super::relay::relay(session, &mut answer, headers).await?;
             if let Some(e) = broken {
                 return Err(e.into_up());
             }
