@@ -866,7 +866,7 @@ async fn sigterm_drains_proxied_writes_and_settles_their_journal() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let (mut g, took) = tokio::task::spawn_blocking(move || {
+        let (g, took) = tokio::task::spawn_blocking(move || {
             let took = g.terminate();
             (g, took)
         })
