@@ -694,6 +694,7 @@ async fn every_invalid_input_is_a_400_naming_the_field() {
             ("limit=", "limit"),
             ("limit=5&limit=6", "limit"),
             ("eventName=", "eventName"),
+            ("eventName=receipt.made", "eventName"),
             ("tenantId=zzz", "tenantId"),
             ("cursor=abc", "cursor"),
         ] {
@@ -720,6 +721,7 @@ async fn every_invalid_input_is_a_400_naming_the_field() {
             ("status=deleted", "status"),
             ("productSurface=product_z", "productSurface"),
             ("eventName=", "eventName"),
+            ("eventName=receipt.made", "eventName"),
             ("tenantId=1", "tenantId"),
             ("limit=5", "limit"),
         ] {

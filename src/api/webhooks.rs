@@ -208,10 +208,9 @@ pub async fn list_subscriptions(
         }
     }
     if let Some(v) = q.get("eventName") {
-        if v.is_empty() {
-            field(&mut errors, "eventName", "length must be at least 1");
-        } else {
-            filter.event_name = Some(v.clone());
+        match known_event_name(v) {
+            Ok(()) => filter.event_name = Some(v.clone()),
+            Err(m) => field(&mut errors, "eventName", m),
         }
     }
     if let Some(v) = q.get("status") {
@@ -336,8 +335,8 @@ pub async fn dead_letters(
     let mut errors = Vec::new();
     query_tenant(&auth, &q, &mut errors)?;
     let event_name = q.get("eventName").map(String::as_str);
-    if event_name == Some("") {
-        field(&mut errors, "eventName", "length must be at least 1");
+    if let Some(Err(m)) = event_name.map(known_event_name) {
+        field(&mut errors, "eventName", m);
     }
     let limit = match q.get("limit") {
         None => DEAD_LETTER_DEFAULT_LIMIT,
@@ -401,5 +400,18 @@ pub async fn redrive(
         }
         Redrive::NotFound => Err(ApiError::not_found("webhook delivery")),
         Redrive::Conflict(m) => Err(ApiError::conflict(m)),
+    }
+}
+
+/// An `eventName` query filter names one of the contract's events (the served document lists
+/// them as its enum): anything else is a 400, not an empty list.
+fn known_event_name(v: &str) -> Result<(), String> {
+    if crate::webhooks::events::EVENT_NAMES.contains(&v) {
+        Ok(())
+    } else {
+        Err(format!(
+            "unknown event name `{v}`, expected one of {}",
+            crate::webhooks::events::EVENT_NAMES.join(", ")
+        ))
     }
 }
