@@ -125,6 +125,7 @@ pub fn classify(s: &NormalizedSignal, policy: &kernel::policy::CompiledPolicy) -
         authority_claim: s.authority_claim.as_deref(),
         event_type: s.event_type.map(|e| e.as_str()),
         metadata_text: None,
+        metadata: None,
     };
     let findings = policy.detectors.scan(&s.payload, &ctx);
     let risk = 1.0

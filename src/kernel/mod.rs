@@ -397,6 +397,7 @@ pub fn evaluate_with_digest(
         authority_claim: s.authority_claim.as_deref(),
         event_type: s.event_type.map(|e| e.as_str()),
         metadata_text: meta_text.as_deref(),
+        metadata: Some(&s.metadata),
     };
     let mut findings: Vec<Finding> = policy.detectors.scan(&s.payload, &ctx);
     if let Some(summary) = &s.payload_summary {

@@ -613,10 +613,54 @@ pub enum Stmt {
 const INSERT_CHUNK_ROWS: usize = 256;
 const MAX_BINDS: usize = 30_000;
 
-fn insert_sql(table: &str, columns: &[&str], rows: usize, suffix: &str) -> String {
-    let mut sql = String::new();
-    push_insert_sql(&mut sql, table, columns, rows, suffix, false);
-    sql
+/// One statement a [`Stmt`] runs as: an insert is cut into as many as the bind limits need.
+struct Part<'a> {
+    sql: String,
+    binds: Vec<&'a Bind>,
+    expect_rows: Option<u64>,
+}
+
+impl Stmt {
+    /// The statements this runs, in order: with `$N` placeholders (PostgreSQL), or with
+    /// `anonymous` `?` ones in bind order (SQLite, see [`anonymize`]). The one expansion of a
+    /// [`Stmt`] both backends run.
+    fn parts(&self, anonymous: bool) -> Vec<Part<'_>> {
+        match self {
+            Stmt::Exec {
+                sql,
+                binds,
+                expect_rows,
+            } => {
+                let (sql, binds) = if anonymous {
+                    anonymize(sql, binds)
+                } else {
+                    (sql.clone(), binds.iter().collect())
+                };
+                vec![Part {
+                    sql,
+                    binds,
+                    expect_rows: *expect_rows,
+                }]
+            }
+            Stmt::Insert {
+                table,
+                columns,
+                rows,
+                suffix,
+            } => rows
+                .chunks(rows_per_insert(columns.len()))
+                .map(|part| {
+                    let mut sql = String::new();
+                    push_insert_sql(&mut sql, table, columns, part.len(), suffix, anonymous);
+                    Part {
+                        sql,
+                        binds: part.iter().flatten().collect(),
+                        expect_rows: None,
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Appends `INSERT INTO table (columns) VALUES ($1, ...), ... suffix` to `sql`, or with
@@ -712,37 +756,16 @@ fn multi_statement<'a>(stmts: impl IntoIterator<Item = &'a Stmt>) -> Vec<MultiSt
         }
     };
     for s in stmts {
-        match s {
-            Stmt::Exec {
-                sql,
-                binds,
-                expect_rows,
-            } => {
-                let (sql, binds) = anonymize(sql, binds);
-                next(&mut out, binds.len());
-                let q = out.last_mut().expect("a query was started");
-                q.sql.push_str(&sql);
-                q.sql.push_str(";\n");
-                q.binds.extend(binds);
-                if let Some(n) = expect_rows {
-                    use std::fmt::Write;
-                    let _ = writeln!(q.sql, "SELECT {}, changes();", q.expect.len());
-                    q.expect.push(*n);
-                }
-            }
-            Stmt::Insert {
-                table,
-                columns,
-                rows,
-                suffix,
-            } => {
-                for part in rows.chunks(rows_per_insert(columns.len())) {
-                    next(&mut out, part.len() * columns.len());
-                    let q = out.last_mut().expect("a query was started");
-                    push_insert_sql(&mut q.sql, table, columns, part.len(), suffix, true);
-                    q.sql.push_str(";\n");
-                    q.binds.extend(part.iter().flatten());
-                }
+        for p in s.parts(true) {
+            next(&mut out, p.binds.len());
+            let q = out.last_mut().expect("a query was started");
+            q.sql.push_str(&p.sql);
+            q.sql.push_str(";\n");
+            q.binds.extend(p.binds);
+            if let Some(n) = p.expect_rows {
+                use std::fmt::Write;
+                let _ = writeln!(q.sql, "SELECT {}, changes();", q.expect.len());
+                q.expect.push(n);
             }
         }
     }
@@ -776,30 +799,11 @@ macro_rules! bind_all {
 macro_rules! run_stmts {
     ($tx:ident, $stmts:expr) => {{
         for s in $stmts {
-            match s {
-                Stmt::Exec {
-                    sql,
-                    binds,
-                    expect_rows,
-                } => {
-                    let done = bind_all!(sqlx::query(sql), binds)
-                        .execute(&mut *$tx)
-                        .await?;
-                    expect_changed(*expect_rows, done.rows_affected())?;
-                }
-                Stmt::Insert {
-                    table,
-                    columns,
-                    rows,
-                    suffix,
-                } => {
-                    for part in rows.chunks(rows_per_insert(columns.len())) {
-                        let sql = insert_sql(table, columns, part.len(), suffix);
-                        bind_all!(sqlx::query(&sql), part.iter().flatten())
-                            .execute(&mut *$tx)
-                            .await?;
-                    }
-                }
+            for p in s.parts(false) {
+                let done = bind_all!(sqlx::query(&p.sql), p.binds)
+                    .execute(&mut *$tx)
+                    .await?;
+                expect_changed(p.expect_rows, done.rows_affected())?;
             }
         }
     }};
@@ -1430,14 +1434,29 @@ mod batch_tests {
     }
 
     #[test]
-    fn insert_sql_numbers_every_bind() {
+    fn insert_parts_number_every_bind() {
+        let insert = |columns, rows: usize, suffix| Stmt::Insert {
+            table: "t",
+            columns,
+            rows: vec![vec![Bind::int(1); columns.len()]; rows],
+            suffix,
+        };
+        let sql = |s: Stmt, anonymous| -> Vec<String> {
+            s.parts(anonymous).into_iter().map(|p| p.sql).collect()
+        };
         assert_eq!(
-            insert_sql("t", &["a", "b"], 2, "ON CONFLICT DO NOTHING"),
-            "INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"
+            sql(insert(&["a", "b"], 2, "ON CONFLICT DO NOTHING"), false),
+            ["INSERT INTO t (a, b) VALUES ($1, $2), ($3, $4) ON CONFLICT DO NOTHING"]
         );
         assert_eq!(
-            insert_sql("t", &["a"], 1, ""),
-            "INSERT INTO t (a) VALUES ($1)"
+            sql(insert(&["a"], 1, ""), true),
+            ["INSERT INTO t (a) VALUES (?)"]
         );
+        // More rows than one statement takes: cut in chunks, each numbered from $1.
+        let big = insert(&["a"], INSERT_CHUNK_ROWS + 1, "");
+        let parts = big.parts(false);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].binds.len(), INSERT_CHUNK_ROWS);
+        assert_eq!(parts[1].sql, "INSERT INTO t (a) VALUES ($1)");
     }
 }
