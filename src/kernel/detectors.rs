@@ -975,7 +975,7 @@ const RULES: &[RuleSpec] = &[
     // --- broader injection, authority and tool rules (red-team round, session 6) ------------
     RuleSpec {
         reason: Reason::InjectionImperative,
-        pattern: r#"(?im)(?:^|[.!?;(\n>*#"'-]|,[ \t]*(?:also|and|now|so)\b)[ \t]*(?:(?:dear|hey|hi|hello|ok|okay|attention|also|psst|note\s+to)[ \t]*,?[ \t]+)?(?:the[ \t]+|all[ \t]+|any[ \t]+)?(?:(?:ai(?:[ \t]+(?:assistant|agent|model|system|bot|reader)s?)?|assistants?|llms?|(?:large[ \t]+)?language[ \t]+models?|chatbots?|gpt|chatgpt|claude|copilot|gemini|(?:coding|devops|automated)[ \t]+(?:agents?|bots?)|summari[sz]er(?:[ \t]+model)?)[ ]?[,:]|(?:model|agent|bot)s?[ ]?,)[^\n]{0,160}?\b(?:ignore|disregard|set\s+aside|forget\s+(?:your|all|the|everything)|pretend|act\s+as\s+(?:if|an?\s+unrestricted)|leak|reveal\s+(?:the|your|all|any|secrets?|confidential|hidden|internal)|(?:output|print|send|email)\s+the\s+user|append\s+the\s+user|collect\s+(?:the|their)|abandon|stop\s+following|omit\s+(?:any|all|the)\s+(?:safety|warnings?)|from\s+(?:now|this\s+point)\s+on|you\s+(?:must|are\s+now)|your\s+(?:real|new|true|actual)\s+(?:task|instructions?|goal|job)|when\s+you\s+(?:answer|respond|reply|summari[sz]e)|secretly|quietly|silently|covertly|do\s+not\s+(?:tell|inform|mention\s+this\s+to)\s+the\s+user)\b"#,
+        pattern: r#"(?im)(?:^|[.!?;(\n>*#"'-]|,[ \t]*(?:also|and|now|so)\b)[ \t]*(?:(?:dear|hey|hi|hello|ok|okay|attention|also|psst|note\s+to)[ \t]*,?[ \t]+)?(?:the[ \t]+|all[ \t]+|any[ \t]+)?(?:(?:ai(?:[ \t]+(?:assistant|agent|model|system|bot|reader)s?)?|assistants?|llms?|(?:large[ \t]+)?language[ \t]+models?|chatbots?|gpt|chatgpt|claude|copilot|gemini|(?:coding|devops|automated)[ \t]+(?:agents?|bots?)|summari[sz]er(?:[ \t]+model)?)[ ]?[,:]|(?:model|agent|bot)s?[ ]?,)[^\n]{0,160}?\b(?:(?:ignore|disregard)\s+(?:all|any|every|whatever|its|your|previous|prior|earlier|the\s+(?:user|system|above|previous|prior|rules|instructions|guidelines))|set\s+aside|forget\s+(?:your|all|the|everything)|pretend\s+(?:to\s+be|you\s+are|that)|act\s+as\s+(?:if|an?\s+unrestricted)|leak\s+(?:the|all|any|your|secrets?|data|credentials)|reveal\s+(?:the|your|all|any|secrets?|confidential|hidden|internal)|(?:output|print|send|email)\s+the\s+user|append\s+the\s+user|collect\s+(?:the|their)|abandon\s+(?:your|its|the)|stop\s+following|omit\s+(?:any|all|the)\s+(?:safety|warnings?)|from\s+(?:now|this\s+point)\s+on|you\s+(?:must|are\s+now)|your\s+(?:real|new|true|actual)\s+(?:task|instructions?|goal|job)|when\s+you\s+(?:answer|respond|reply|summari[sz]e)|(?:secretly|quietly|silently|covertly)\s+(?:append|send|add|include|insert|forward|email|post|upload|collect|record|log|store|share)|do\s+not\s+(?:tell|inform|mention\s+this\s+to)\s+the\s+user)\b"#,
         gate: Gate::Anchors(&["agent ,", "agent :", "agent,", "agent:", "agents ,", "agents :", "agents,", "agents:", "ai ,", "ai :", "ai,", "ai:", "assistant ,", "assistant :", "assistant,", "assistant:", "assistants ,", "assistants :", "assistants,", "assistants:", "bot ,", "bot :", "bot,", "bot:", "bots ,", "bots :", "bots,", "bots:", "chatbot ,", "chatbot :", "chatbot,", "chatbot:", "chatbots ,", "chatbots :", "chatbots,", "chatbots:", "claude ,", "claude :", "claude,", "claude:", "copilot ,", "copilot :", "copilot,", "copilot:", "gemini ,", "gemini :", "gemini,", "gemini:", "gpt ,", "gpt :", "gpt,", "gpt:", "llm ,", "llm :", "llm,", "llm:", "llms ,", "llms :", "llms,", "llms:", "model ,", "model :", "model,", "model:", "models ,", "models :", "models,", "models:", "reader ,", "reader :", "reader,", "reader:", "readers ,", "readers :", "readers,", "readers:", "summariser ,", "summariser :", "summariser,", "summariser:", "summarizer ,", "summarizer :", "summarizer,", "summarizer:", "system ,", "system :", "system,", "system:", "systems ,", "systems :", "systems,", "systems:"]),
         check: Check::Any,
         detail: "addresses orders to the AI model that will read the text",
@@ -1073,7 +1073,7 @@ const RULES: &[RuleSpec] = &[
     },
     RuleSpec {
         reason: Reason::PolicyLanguage,
-        pattern: r#"(?i)\b(?:agents?|assistants?|ai|bots?|the\s+model|models|llms?|ki-agenten|agentes|chatbots?|copilots?)\b[^.\n]{0,40}?\b(?:may|can\s+now|can|could|are\s+(?:now\s+)?(?:allowed|permitted|authori[sz]ed|cleared|free)|is\s+(?:now\s+)?(?:allowed|permitted|authori[sz]ed|cleared|free)|no\s+longer\s+(?:need|have|require)|need\s+not|durfen|peuvent|pueden|possono|podem)\b[^.\n]{0,80}?\b(?:without|ohne|sans|sin|senza|sem|ignore|disable|bypass|skip|override|share|disclose|reveal|transfer|approve|execute|release|overwrite|grant|delete|send|forward|read|access|modify|publish|run|destructive|any\s+instruction)"#,
+        pattern: r#"(?i)\b(?:agents?|assistants?|ai|bots?|the\s+model|models|llms?|ki-agenten|agentes|chatbots?|copilots?)\b[^.:\n]{0,40}?\b(?:may|can\s+now|can|could|are\s+(?:now\s+)?(?:allowed|permitted|authori[sz]ed|cleared|free)|is\s+(?:now\s+)?(?:allowed|permitted|authori[sz]ed|cleared|free)|no\s+longer\s+(?:need|have|require)|need\s+not|durfen|peuvent|pueden|possono|podem)\b[^.\n]{0,80}?\b(?:without|ohne|sans|sin|senza|sem|ignore|disable|bypass|skip|override|share|disclose|reveal|transfer|approve|execute|release|overwrite|grant|delete|send|forward|read|access|modify|publish|run|destructive|any\s+instruction)"#,
         gate: Gate::Anchors(&["agent", "assistant", "ai ", "ai-", "bot", "model", "llm", "copilot"]),
         check: Check::Any,
         detail: "grants agents a permission (a policy claim)",
@@ -1492,8 +1492,15 @@ impl Detectors {
             let reread = Mode::Reread(matches!(mode, Mode::Metadata));
             self.eval(&joined, None, reread, skip | !self.injection_rules, hits);
         }
-        if let Some(decoded) = decoded_escapes(s) {
-            self.eval(&decoded, None, Mode::Hidden(DETAIL_ESCAPED), skip, hits);
+        // Decoding only adds what the text did not already say in the open: an instruction
+        // read in plain text stays an imperative, not a hidden one.
+        let plain_injection = hits.has(Reason::InjectionImperative)
+            || hits.has(Reason::InjectionRoleMarker)
+            || hits.has(Reason::InjectionHidden);
+        if !plain_injection {
+            if let Some(decoded) = decoded_escapes(s) {
+                self.eval(&decoded, None, Mode::Hidden(DETAIL_ESCAPED), skip, hits);
+            }
         }
     }
 
@@ -3174,6 +3181,9 @@ mod tests {
         }
         for benign in [
             "Assistant: Sure, I can help you reset your password.",
+            "Assistant: You can ignore the warning, it is harmless.",
+            "Assistant: I quietly checked the logs and found nothing.",
+            "&lt;b&gt;Bold&lt;/b&gt; text and caf&#233; prices, 20% off.",
             "User: what time is it? Assistant: It is 3 pm, so the office is open.",
             "Model: XR-200, colour: graphite, weight 1.2 kg.",
             "Agent: Jane Smith, licensed broker, call 555-0100 to book a viewing.",
