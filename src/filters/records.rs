@@ -153,6 +153,12 @@ impl CompiledRoute {
             Layout::Rows | Layout::Ndjson => match present(shape.records.get(body)) {
                 None => absent(&shape.records),
                 Some(Value::Array(a)) => Ok(Located::Rows(shape, a.len())),
+                // A lone object where a list of rows is expected is one record (Milvus: `data`
+                // is "an entity object or an array of entity objects"); judged and rewritten as
+                // a single-record body.
+                Some(Value::Object(_)) if shape.layout == Layout::Rows => {
+                    Ok(Located::Single(shape))
+                }
                 Some(_) => Err(ExtractError::NotAnArray {
                     pointer: shape.records.as_str().to_string(),
                 }),
