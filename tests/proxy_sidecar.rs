@@ -217,7 +217,14 @@ async fn governed_writes_are_forwarded_held_or_refused_and_journaled() {
             2
         );
 
-        // Reads: a held record's trace is quarantined: dropped from a search, 404 by id.
+        // Reads: a held record never reached the store, and the gate does not move the trace of
+        // what the store holds under its id (this mock store answers any id it is asked for;
+        // a real one has no m3: see the Chroma end-to-end tests). Nothing is dropped here.
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM traces WHERE phase = 'quarantined'")
+                .await,
+            0
+        );
         let r = send(&g, "GET", "/memories/search?q=m1,m3,m4", None).await;
         assert_eq!(r.status(), 200);
         assert!(header(&r, "content-length").is_some());
@@ -228,9 +235,7 @@ async fn governed_writes_are_forwarded_held_or_refused_and_journaled() {
             .iter()
             .map(|x| x["id"].as_str().unwrap())
             .collect();
-        assert_eq!(ids, vec!["m1", "m4"]);
-        let r = send(&g, "GET", "/memories/m3", None).await;
-        assert_eq!(r.status(), 404);
+        assert_eq!(ids, vec!["m1", "m3", "m4"]);
         let r = send(&g, "GET", "/memories/m1", None).await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.json::<Value>().await.unwrap()["id"], "m1");
@@ -413,7 +418,7 @@ async fn quarantine_review_releases_and_rejects() {
             .await;
         assert_problem(s, &v, 409, "conflict");
 
-        // Reject: never forwarded; the trace is revoked; a release afterwards is a conflict.
+        // Reject: never forwarded; a release afterwards is a conflict.
         let (s, v) = g
             .post(
                 DEMO_KEY,
@@ -443,7 +448,12 @@ async fn quarantine_review_releases_and_rejects() {
             .await;
         assert_problem(s, &v, 409, "conflict");
         assert_eq!(up.requests("POST", "/memories").len(), 1);
-        assert_eq!(send(&g, "GET", "/memories/q2", None).await.status(), 404);
+        // The reject left the record's trace alone: it describes what the store holds.
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM traces WHERE phase = 'revoked'")
+                .await,
+            0
+        );
         let (_, list) = g
             .get(DEMO_KEY, "/substrate/quarantine?status=all&limit=10")
             .await;
@@ -463,6 +473,72 @@ async fn quarantine_review_releases_and_rejects() {
                 "{p} missing from /openapi.json"
             );
         }
+    }
+}
+
+/// A held write does not touch the record the store already holds under its id: the stored
+/// version stays readable through the gate (otherwise any low-trust writer could hide any
+/// record by sending a poisoned write with its id). A release after a newer write reached the
+/// store is a conflict (it would overwrite newer data) and sends nothing; a reject leaves the
+/// id writable.
+#[tokio::test]
+async fn held_writes_and_reviews_leave_the_stored_record_alone() {
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |_| {}).await;
+        let write = |text: &'static str| {
+            send(
+                &g,
+                "POST",
+                "/memories",
+                Some(json!({"id": "s1", "text": text})),
+            )
+        };
+        assert_eq!(write(BENIGN).await.status(), 201, "{b:?}");
+        assert_eq!(write(POLICY_CLAIM).await.status(), 202);
+        assert_eq!(send(&g, "GET", "/memories/s1", None).await.status(), 200);
+        let (_, list) = g.get(DEMO_KEY, "/substrate/quarantine").await;
+        let held = list["entries"][0]["id"].as_str().unwrap().to_string();
+
+        // A newer benign version reaches the store; the old held write can no longer go.
+        assert_eq!(
+            write("Support answers emails the next working day.")
+                .await
+                .status(),
+            201
+        );
+        let (s, v) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/quarantine/{held}/release"),
+                &json!(null),
+            )
+            .await;
+        assert_problem(s, &v, 409, "conflict");
+        assert!(
+            v["detail"].as_str().unwrap().contains("changed after"),
+            "{v}"
+        );
+        let texts: Vec<Value> = up
+            .requests("POST", "/memories")
+            .iter()
+            .map(|r| r.json()["text"].clone())
+            .collect();
+        assert_eq!(texts.len(), 2);
+        assert!(!texts.contains(&json!(POLICY_CLAIM)));
+
+        // Reject: the stored record stays readable and the id stays writable.
+        let (s, v) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/quarantine/{held}/reject"),
+                &json!(null),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(send(&g, "GET", "/memories/s1", None).await.status(), 200);
+        assert_eq!(write(BENIGN).await.status(), 201);
+        assert_eq!(up.requests("POST", "/memories").len(), 3);
     }
 }
 

@@ -816,7 +816,8 @@ fn milvus_lone_entities_v1_paths_and_collection_routes() {
     ] {
         let m = t.match_route("POST", path).unwrap();
         assert_eq!(m.route.kind, RouteKind::Write, "{path}");
-        let one = json!({"collectionName": "c", "data": {"id": 8, "vector": [0.1], "color": "pink"}});
+        let one =
+            json!({"collectionName": "c", "data": {"id": 8, "vector": [0.1], "color": "pink"}});
         let recs = m.route.extract_records(&one).unwrap();
         assert_eq!(ids(&recs), [Some("8")], "{path}");
         assert_eq!(recs[0].metadata, Some(json!({"id": 8, "color": "pink"})));
@@ -828,9 +829,15 @@ fn milvus_lone_entities_v1_paths_and_collection_routes() {
     }
     let del = t.match_route("POST", "/v1/vector/delete").unwrap();
     assert_eq!(del.route.kind, RouteKind::Delete);
-    let recs = del.route.extract_records(&json!({"collectionName": "c", "id": "4321"})).unwrap();
+    let recs = del
+        .route
+        .extract_records(&json!({"collectionName": "c", "id": "4321"}))
+        .unwrap();
     assert_eq!(ids(&recs), [Some("4321")]);
-    let recs = del.route.extract_records(&json!({"collectionName": "c", "id": [1, 2]})).unwrap();
+    let recs = del
+        .route
+        .extract_records(&json!({"collectionName": "c", "id": [1, 2]}))
+        .unwrap();
     assert_eq!(ids(&recs), [Some("1"), Some("2")]);
     for (method, path) in [
         ("POST", "/v2/vectordb/collections/drop"),
@@ -841,7 +848,10 @@ fn milvus_lone_entities_v1_paths_and_collection_routes() {
     ] {
         let m = t.match_route(method, path).unwrap();
         assert_ne!(m.route.kind, RouteKind::Read, "{path}");
-        assert_eq!(m.collection(&json!({"collectionName": "c"})).as_deref(), Some("c"));
+        assert_eq!(
+            m.collection(&json!({"collectionName": "c"})).as_deref(),
+            Some("c")
+        );
     }
 }
 
@@ -854,38 +864,59 @@ fn collection_level_and_legacy_writes_are_routed() {
     let up = t
         .match_route("POST", "/namespaces/ns1/documents/upsert")
         .unwrap();
-    assert_eq!((up.route.pack.as_str(), up.route.kind), ("pinecone", RouteKind::Write));
+    assert_eq!(
+        (up.route.pack.as_str(), up.route.kind),
+        ("pinecone", RouteKind::Write)
+    );
     let body = json!({"documents": [
         {"_id": "d1", "title": "Machine learning in 2024", "body": "text"},
         {"_id": "d2", "body": "Ignore previous instructions"}
     ]});
     let recs = up.route.extract_records(&body).unwrap();
     assert_eq!(ids(&recs), [Some("d1"), Some("d2")]);
-    assert_eq!(recs[1].metadata, Some(json!({"body": "Ignore previous instructions"})));
+    assert_eq!(
+        recs[1].metadata,
+        Some(json!({"body": "Ignore previous instructions"}))
+    );
     assert_eq!(up.collection(&body).as_deref(), Some("ns1"));
-    let upd = t.match_route("POST", "/namespaces/ns1/documents/update").unwrap();
+    let upd = t
+        .match_route("POST", "/namespaces/ns1/documents/update")
+        .unwrap();
     let by_filter = json!({"filter": {"genre": "x"}, "set_fields": {"note": "n"}});
     assert_eq!(upd.route.extract_records(&by_filter).unwrap().len(), 1);
-    let del = t.match_route("POST", "/namespaces/ns1/documents/delete").unwrap();
+    let del = t
+        .match_route("POST", "/namespaces/ns1/documents/delete")
+        .unwrap();
     assert_eq!(del.route.kind, RouteKind::Delete);
     assert_eq!(
         ids(&del.route.extract_records(&json!({"ids": ["d1"]})).unwrap()),
         [Some("d1")]
     );
     assert_eq!(
-        t.match_route("DELETE", "/namespaces/ns1").unwrap().route.kind,
+        t.match_route("DELETE", "/namespaces/ns1")
+            .unwrap()
+            .route
+            .kind,
         RouteKind::Delete
     );
 
-    let put = t.match_route("PUT", "/v1/objects/8b2e6a7c-0000-4000-8000-000000000001").unwrap();
-    assert_eq!((put.route.pack.as_str(), put.route.kind), ("weaviate", RouteKind::Write));
+    let put = t
+        .match_route("PUT", "/v1/objects/8b2e6a7c-0000-4000-8000-000000000001")
+        .unwrap();
+    assert_eq!(
+        (put.route.pack.as_str(), put.route.kind),
+        ("weaviate", RouteKind::Write)
+    );
     let obj = json!({"class": "Article", "properties": {"body": "hello"}});
     let recs = put.route.extract_records(&obj).unwrap();
     assert_eq!(recs[0].metadata, Some(json!({"body": "hello"})));
     assert_eq!(put.collection(&obj).as_deref(), Some("Article"));
     assert!(t.match_route("PATCH", "/v1/objects/u1").is_some());
     assert_eq!(
-        t.match_route("DELETE", "/v1/objects/u1").unwrap().route.kind,
+        t.match_route("DELETE", "/v1/objects/u1")
+            .unwrap()
+            .route
+            .kind,
         RouteKind::Delete
     );
     for (method, path) in [
@@ -899,12 +930,17 @@ fn collection_level_and_legacy_writes_are_routed() {
         ("PUT", "/collections/docs/snapshots/recover"),
         ("POST", "/collections/aliases"),
     ] {
-        let m = t.match_route(method, path).unwrap_or_else(|| panic!("{method} {path}"));
+        let m = t
+            .match_route(method, path)
+            .unwrap_or_else(|| panic!("{method} {path}"));
         assert_ne!(m.route.kind, RouteKind::Read, "{method} {path}");
     }
     // Reading an object stays a read; the class-less GET is not a write route.
     assert_eq!(
-        t.match_route("GET", "/v1/objects/Article/u1").unwrap().route.kind,
+        t.match_route("GET", "/v1/objects/Article/u1")
+            .unwrap()
+            .route
+            .kind,
         RouteKind::Read
     );
 }
@@ -1138,7 +1174,9 @@ fn malformed_bodies_are_extract_errors() {
     );
     // A lone object where rows are expected is one record (the store decides whether it takes it).
     assert_eq!(
-        ids(&points.extract_records(&json!({"points": {"id": 7}})).unwrap()),
+        ids(&points
+            .extract_records(&json!({"points": {"id": 7}}))
+            .unwrap()),
         [Some("7")]
     );
     let mut body = json!({"points": [{"id": 1, "payload": "str"}, {"id": 2, "payload": {}}]});

@@ -133,10 +133,17 @@ pub fn refuses(d: RuntimeDecision) -> bool {
 
 /// Commits the receipts of a judged batch (kind `proxy_write`), their signals and `extra`
 /// rows in one transaction. `contexts[i]` is bound into receipt `i` as its `context`.
+///
+/// A record's trace describes the record the store holds, so only a record that goes on to the
+/// store (`reaches_store[i]`) moves it. A held or blocked write leaves the stored version, if
+/// any, as it was: otherwise anyone could hide a stored record by sending a poisoned write
+/// under its id. Its receipt still says what the kernel decided, and the quarantine row
+/// carries the held write.
 pub async fn commit(
     state: &AppState,
     policy: &CompiledPolicy,
     judged: &[Judged],
+    reaches_store: &[bool],
     kind: &'static str,
     contexts: Vec<Value>,
     extra: Vec<Stmt>,
@@ -150,7 +157,7 @@ pub async fn commit(
     let tenant = first.input.signal.tenant_id;
     let mut signals = Vec::with_capacity(judged.len());
     let mut writes = Vec::with_capacity(judged.len());
-    for (j, ctx) in judged.iter().zip(contexts) {
+    for ((j, ctx), stored) in judged.iter().zip(contexts).zip(reaches_store) {
         let out = &j.output;
         let content = receipt_content(j.receipt_id, &j.input, out, policy, kind, Some(ctx), &[]);
         let for_events = out.clone();
@@ -165,7 +172,7 @@ pub async fn commit(
             outcome: out.outcome.as_str().into(),
             idem_key: None,
             content: crate::receipts::CanonicalContent::new(content),
-            trace: out.transition.enforced.then(|| TraceWrite {
+            trace: (out.transition.enforced && *stored).then(|| TraceWrite {
                 id: out.trace.id,
                 phase: out.next_phase,
                 influence: out.next_influence,

@@ -1,9 +1,13 @@
 //! Reviewing a held record: release (its exact stored request is forwarded to the upstream,
 //! behind a receipt of kind `quarantine_release` that moves its trace to `working`, journaled
-//! before dispatch like any admitted write) or reject (a receipt of kind `quarantine_reject`
-//! moves the trace to `revoked`; nothing is sent). A reviewer decision is not a kernel
-//! evaluation: the receipt binds the held record's receipt, the reviewer's key and the policy
-//! that asked for the authority.
+//! before dispatch like any admitted write) or reject (a receipt of kind `quarantine_reject`;
+//! nothing is sent, and the record's trace stays as it is, since it describes what the store
+//! holds, which the held write never changed). A release is refused (409) when the record's
+//! trace moved after the write was held (a newer write reached the store, or the record was
+//! deleted or revoked): forwarding the old write would overwrite newer data; the writer sends
+//! it again and it is judged anew. A reviewer decision is not a kernel evaluation: the receipt
+//! binds the held record's receipt, the reviewer's key and the policy that asked for the
+//! authority.
 
 use super::upstream::{self, SendError};
 use super::INSTANCE_ID;
@@ -60,7 +64,8 @@ fn uuid_of(s: &str, what: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(s).map_err(|_| ApiError::unavailable(format!("stored {what} is corrupt")))
 }
 
-/// The receipt of a review: binds the held record's receipt, the reviewer and the trace move.
+/// The receipt of a review: binds the held record's receipt, the reviewer and the trace move
+/// (`to` is `None` when the review leaves the trace where it is).
 #[allow(clippy::too_many_arguments)]
 fn review_receipt(
     state: &AppState,
@@ -70,7 +75,7 @@ fn review_receipt(
     decision: RuntimeDecision,
     outcome: GovernanceOutcome,
     from: (Option<TracePhase>, AllowedInfluence),
-    to: (TracePhase, AllowedInfluence),
+    to: Option<(TracePhase, AllowedInfluence)>,
     events: Vec<EventWrite>,
 ) -> Result<(ReceiptWrite, Uuid), ApiError> {
     let rt = state.runtime();
@@ -82,6 +87,8 @@ fn review_receipt(
     let trace_id = uuid_of(&row.trace_id, "trace id")?;
     let held_receipt = uuid_of(&row.receipt_id, "receipt id")?;
     let from_phase = from.0.unwrap_or(TracePhase::Observed);
+    let moves = to.is_some();
+    let to = to.unwrap_or((from_phase, from.1));
     let mut m = Map::new();
     m.insert("version".into(), json!(1));
     m.insert("kind".into(), json!(kind));
@@ -112,7 +119,7 @@ fn review_receipt(
         json!({"transition": {
             "traceId": trace_id, "fromPhase": from_phase, "toPhase": to.0,
             "fromInfluence": from.1, "toInfluence": to.1,
-            "transitionName": transitions::name(from_phase, to.0), "enforced": true,
+            "transitionName": transitions::name(from_phase, to.0), "enforced": moves,
         }}),
     );
     m.insert("dependencies".into(), json!([held_receipt]));
@@ -127,7 +134,7 @@ fn review_receipt(
         outcome: outcome.as_str().into(),
         idem_key: None,
         content: crate::receipts::CanonicalContent::new(m),
-        trace: Some(TraceWrite {
+        trace: moves.then_some(TraceWrite {
             id: trace_id,
             phase: to.0,
             influence: to.1,
@@ -182,6 +189,17 @@ pub async fn release(
         )));
     }
     let trace_id = uuid_of(&row.trace_id, "trace id")?;
+    if let Some(moved) = state
+        .store
+        .trace_updated_at(principal.tenant, trace_id)
+        .await?
+        .filter(|t| *t > row.created_at)
+    {
+        return Err(ApiError::conflict(format!(
+            "the record changed after this write was held (its trace moved at {moved}); releasing \
+             it would overwrite newer data: reject it, and send the write again to have it judged"
+        )));
+    }
     let current = state.store.get_trace(principal.tenant, trace_id).await?;
     let (from_phase, from_inf) = match current {
         Some((p, i)) => (Some(p), i),
@@ -213,7 +231,7 @@ pub async fn release(
         RuntimeDecision::Allow,
         GovernanceOutcome::Allow,
         (from_phase, from_inf),
-        to,
+        Some(to),
         vec![event],
     )?;
     let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
@@ -378,7 +396,8 @@ fn truncate(s: &str, n: usize) -> &str {
     }
 }
 
-/// Rejects a held record: it is never forwarded, and its trace is revoked.
+/// Rejects a held record: it is never forwarded; the record's trace (the stored version, if
+/// any) is left as it is.
 pub async fn reject(
     state: &AppState,
     principal: &Principal,
@@ -391,12 +410,6 @@ pub async fn reject(
         Some((p, i)) => (Some(p), i),
         None => (None, AllowedInfluence::None),
     };
-    let fp = from_phase.unwrap_or(TracePhase::Observed);
-    let to = if transitions::allowed(fp, TracePhase::Revoked) {
-        (TracePhase::Revoked, AllowedInfluence::None)
-    } else {
-        (fp, from_inf)
-    };
     let (write, receipt_id) = review_receipt(
         state,
         principal,
@@ -405,7 +418,7 @@ pub async fn reject(
         RuntimeDecision::Block,
         GovernanceOutcome::Deny,
         (from_phase, from_inf),
-        to,
+        None,
         Vec::new(),
     )?;
     let extra = vec![quarantine_transition(

@@ -264,7 +264,8 @@ pub async fn handle(
                 && records
                     .iter()
                     .any(|r| has_annotation(r, &route.annotation_key))));
-    let forward_body: Option<Bytes> = if admitted.is_empty() {
+    // A body with no records at all (an empty batch) is the store's to answer: forwarded as sent.
+    let forward_body: Option<Bytes> = if admitted.is_empty() && !records.is_empty() {
         None
     } else if forward_all_as_sent {
         Some(body.clone())
@@ -320,7 +321,9 @@ pub async fn handle(
                 upstream_headers: creds.clone(),
             })
             .collect();
-        extra.push(dispatch_rows(&rows));
+        if !rows.is_empty() {
+            extra.push(dispatch_rows(&rows));
+        }
     }
     if !held_idx.is_empty() {
         let headers: Vec<(String, String)> = upstream::end_to_end_headers(&req.headers)
@@ -376,10 +379,12 @@ pub async fn handle(
         .collect();
 
     // Journal before dispatch: receipts, journal and quarantine rows are durable first.
+    let reaches_store: Vec<bool> = outcomes.iter().map(|o| o.action.forwards()).collect();
     if let Err(e) = judge::commit(
         &proxy.state,
         &policy,
         &judged,
+        &reaches_store,
         "proxy_write",
         contexts,
         extra,
@@ -420,9 +425,6 @@ pub async fn handle(
         if outcomes.iter().any(|o| o.action == Action::Blocked) {
             let (detail, extra) = answer::blocked_problem(&outcomes);
             write_problem(session, 403, "integrity_blocked", &detail, extra, &headers).await?;
-        } else if outcomes.is_empty() {
-            // Not reachable: an empty batch forwards as sent.
-            write_json(session, 202, "application/json", b"{}".to_vec(), &headers).await?;
         } else {
             write_json(
                 session,

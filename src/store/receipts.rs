@@ -242,6 +242,19 @@ impl Store {
         })
     }
 
+    /// When a trace last moved (RFC 3339, as stored); `None` for a trace never written.
+    pub async fn trace_updated_at(&self, tenant: Uuid, id: Uuid) -> Result<Option<String>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_scalar::<_, String>(
+                "SELECT updated_at FROM traces WHERE tenant_id = $1 AND id = $2",
+            )
+            .bind(tenant.to_string())
+            .bind(id.to_string())
+            .fetch_optional(p)
+            .await?
+        }))
+    }
+
     /// Phases of many traces at once (retrieval treatment); unknown ids are absent.
     pub async fn trace_phases(
         &self,
