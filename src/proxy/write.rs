@@ -171,6 +171,7 @@ pub async fn handle(
     let source = identity::source_of(&cfg.proxy, &session.req_header().headers);
     let request_id = crate::store::new_id();
     let observed = crate::store::now();
+    let deleting = route.kind == RouteKind::Delete;
     let signals: Vec<NormalizedSignal> = records
         .iter()
         .map(|r| {
@@ -182,6 +183,7 @@ pub async fn handle(
                 mutation,
                 &source,
                 r,
+                deleting,
                 &observed,
             )
         })
@@ -362,6 +364,12 @@ pub async fn handle(
     let contexts: Vec<Value> = outcomes
         .iter()
         .map(|o| {
+            // A delete's filter is not judged as content (see `record_signal`); the receipt
+            // still binds it.
+            let filter = records
+                .iter()
+                .find(|r| deleting && r.index == o.index && r.id.is_none())
+                .and_then(|r| r.metadata.clone());
             json!({
                 "proxy": {
                     "requestId": request_id,
@@ -373,6 +381,7 @@ pub async fn handle(
                     "recordIndex": o.index,
                     "action": o.action.as_str(),
                     "source": {"matchedBy": source.matched_by},
+                    "deleteFilter": filter,
                 }
             })
         })
@@ -470,6 +479,7 @@ pub fn record_signal(
     mutation: ProposedMutation,
     source: &Source,
     rec: &Record,
+    deleting: bool,
     observed_at: &str,
 ) -> NormalizedSignal {
     let id = crate::store::new_id();
@@ -477,7 +487,14 @@ pub fn record_signal(
         .id
         .as_deref()
         .map(|rid| record_trace_id(tenant, pack, collection, rid));
-    let payload = rec.signal_text().into_owned();
+    // A delete removes content and adds none: its filter (a `where` naming the very text being
+    // cleaned up, say) is never stored nor retrieved, so it is not read as content. The signal
+    // says what is deleted; the receipt's context binds the filter.
+    let payload = match (deleting, rec.id.as_deref()) {
+        (false, _) => rec.signal_text().into_owned(),
+        (true, Some(_)) => "delete one record by its id".to_string(),
+        (true, None) => "delete the records a filter or the request path selects".to_string(),
+    };
     let payload_digest = crate::receipts::sha256_hex(payload.as_bytes());
     NormalizedSignal {
         id,
@@ -503,6 +520,7 @@ pub fn record_signal(
         metadata: rec
             .metadata
             .as_ref()
+            .filter(|_| !deleting)
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default(),

@@ -446,3 +446,75 @@ def test_expect_100_continue_is_answered_and_keep_alive_kept(chroma_direct, gate
     (fwd,) = upstream_recorder.requests(path, "POST")
     assert fwd.header("expect") is None
     assert fwd.framing == "content-length"
+
+
+# --------------------------------------------------------------------------- reported by a client sweep
+
+
+def test_held_write_does_not_hide_the_stored_record(chroma_direct, chroma_gated):
+    """A poisoned write under an existing id is held, and the good version the store
+    holds stays readable through the gate (it used to be hidden: any low-trust writer
+    could hide any record by writing poison under its id)."""
+    direct, gated = collections(chroma_direct, chroma_gated, "keep")
+    ids, embs, docs, mds = benign_batch(2, seed=700)
+    gated.add(ids=ids, embeddings=embs, documents=docs, metadatas=mds)
+    outcome, _ = write_outcome(
+        lambda: gated.upsert(ids=["b0"], embeddings=vectors(1, DIM, seed=9), documents=[POISONED["hidden_instruction"]])
+    )
+    assert outcome in ("held", "blocked")
+    got = gated.get(ids=["b0", "b1"], include=["documents"])
+    assert sorted(got["ids"]) == ["b0", "b1"]
+    assert POISONED["hidden_instruction"] not in got["documents"]
+    assert direct.get(ids=["b0"], include=["documents"])["documents"] == [docs[0]]
+    q = gated.query(query_embeddings=[embs[0]], n_results=2, include=["documents"])
+    assert "b0" in q["ids"][0]
+
+
+def test_delete_by_a_filter_that_names_poison_cleans_it_up(chroma_direct, chroma_gated, gate_proxy, gate_api):
+    """Records planted before the gate stood in front of the store can be deleted through it
+    by their content: a delete's filter is not judged as content. The receipt binds the filter."""
+    direct, gated = collections(chroma_direct, chroma_gated, "cleanup")
+    direct.add(
+        ids=["bad", "good"],
+        embeddings=vectors(2, DIM, seed=11),
+        documents=[POISONED["hidden_instruction"], BENIGN_DOCS[0]],
+    )
+    where_document = {"$contains": "ignore all previous instructions"}
+    r = gate_proxy.post(f"{API}/collections/{direct.id}/delete", json={"where_document": where_document})
+    assert r.status_code == 200, r.text
+    assert set(stored(direct)) == {"good"}
+    receipt_id = r.headers["x-integrity-receipt"]
+    v = gate_api.get(f"/substrate/receipts/{receipt_id}").json()
+    assert find_delete_filter(v) == {"where_document": where_document}
+    # Through the client, by where too.
+    direct.add(ids=["bad2"], embeddings=vectors(1, DIM, seed=12), metadatas=[{"note": POISONED["policy_claim"]}])
+    outcome, problem = write_outcome(lambda: gated.delete(where={"note": POISONED["policy_claim"]}))
+    assert outcome == "passed", problem
+    assert set(stored(direct)) == {"good"}
+
+
+def find_delete_filter(value):
+    """The `deleteFilter` member anywhere in a receipt answer."""
+    if isinstance(value, dict):
+        if "deleteFilter" in value:
+            return value["deleteFilter"]
+        for v in value.values():
+            found = find_delete_filter(v)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for v in value:
+            found = find_delete_filter(v)
+            if found is not None:
+                return found
+    return None
+
+
+def test_collection_deletion_is_governed_and_passes(chroma_direct, chroma_gated, upstream_recorder):
+    """Deleting a collection is routed (judged, receipted, journaled) and passes under the
+    default policy."""
+    name = unique_name("dropme")
+    chroma_direct.create_collection(name, embedding_function=None)
+    chroma_gated.delete_collection(name)
+    assert name not in [c.name for c in chroma_direct.list_collections()]
+    assert upstream_recorder.requests(f"/collections/{name}", "DELETE")
