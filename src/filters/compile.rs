@@ -53,7 +53,7 @@ const PACK_FIELDS: &[&str] = &[
     "annotation_key",
 ];
 const SHAPE_FIELDS: &[&str] = &[
-    "layout", "records", "id", "text", "metadata", "parallel", "exclude",
+    "layout", "records", "id", "text", "metadata", "parallel", "exclude", "scan",
 ];
 const ROUTE_ONLY_FIELDS: &[&str] = &[
     "name",
@@ -919,10 +919,11 @@ fn compile_shape(
     let metadata = ctx.opt_pointer(t, path, "metadata");
     let parallel = ctx.opt_pointer_list(t, path, "parallel");
     let exclude = ctx.opt_pointer_list(t, path, "exclude");
+    let scan = ctx.opt_pointer_list(t, path, "scan");
 
     let layout = layout?;
     let unused: &[&str] = match layout {
-        Layout::None => &["records", "id", "text", "metadata", "parallel", "exclude"],
+        Layout::None => &["records", "id", "text", "metadata", "parallel", "exclude", "scan"],
         Layout::Columnar => &["records", "exclude"],
         Layout::Rows | Layout::Single => &["parallel"],
         Layout::Ndjson => &["records", "parallel"],
@@ -960,6 +961,7 @@ fn compile_shape(
             .into_iter()
             .flatten()
             .chain(parallel.iter().flatten())
+            .chain(scan.iter().flatten())
         {
             if !lockstep.contains(p) {
                 lockstep.push(p.clone());
@@ -975,6 +977,7 @@ fn compile_shape(
         metadata,
         lockstep,
         exclude: exclude.unwrap_or_default(),
+        scan: scan.unwrap_or_default(),
     })
 }
 

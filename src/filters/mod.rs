@@ -98,6 +98,9 @@ pub struct Shape {
     /// Members of the metadata left out of [`Record::metadata`] (e.g. the vector of a Milvus
     /// row, whose metadata is the whole row).
     pub exclude: Vec<Pointer>,
+    /// More values the kernel reads with the record's text (Chroma's `uris` column): columns in
+    /// `columnar` (filtered in lockstep too), pointers inside each record otherwise.
+    pub scan: Vec<Pointer>,
 }
 
 /// An alternative body shape of one route, chosen when `when` resolves in the body (Qdrant's

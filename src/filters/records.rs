@@ -114,6 +114,23 @@ fn text_of(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The record's text with the values of the shape's `scan` pointers appended, one per line.
+fn with_scanned<'v>(text: Option<String>, scanned: impl Iterator<Item = &'v Value>) -> Option<String> {
+    let mut out = text;
+    for v in scanned {
+        if let Some(more) = text_of(Some(v)).filter(|m| !m.is_empty()) {
+            match &mut out {
+                Some(t) if !t.is_empty() => {
+                    t.push('\n');
+                    t.push_str(&more);
+                }
+                _ => out = Some(more),
+            }
+        }
+    }
+    out
+}
+
 fn present(v: Option<&Value>) -> Option<&Value> {
     v.filter(|v| !v.is_null())
 }
@@ -187,6 +204,11 @@ impl CompiledRoute {
                 let ids = column(&shape.id);
                 let texts = column(&shape.text);
                 let metas = column(&shape.metadata);
+                let scans: Vec<&Vec<Value>> = shape
+                    .scan
+                    .iter()
+                    .filter_map(|p| p.get(body)?.as_array())
+                    .collect();
                 (0..n)
                     .map(|i| {
                         let id = match ids.and_then(|a| a.get(i)) {
@@ -200,7 +222,10 @@ impl CompiledRoute {
                         Ok(Record {
                             index: i,
                             id,
-                            text: text_of(texts.and_then(|a| a.get(i))),
+                            text: with_scanned(
+                                text_of(texts.and_then(|a| a.get(i))),
+                                scans.iter().filter_map(|a| a.get(i)),
+                            ),
                             metadata: present(metas.and_then(|a| a.get(i))).cloned(),
                         })
                     })
@@ -760,7 +785,10 @@ fn record_of(shape: &Shape, rec: &Value, index: usize) -> Result<Record, Extract
     Ok(Record {
         index,
         id,
-        text: text_of(shape.text.as_ref().and_then(|p| p.get(rec))),
+        text: with_scanned(
+            text_of(shape.text.as_ref().and_then(|p| p.get(rec))),
+            shape.scan.iter().filter_map(|p| p.get(rec)),
+        ),
         metadata,
     })
 }
