@@ -54,6 +54,19 @@ max_influence = "accepted_context"
     Gate::start(o).await
 }
 
+/// These recorded-shape stores answer reads with records the gate held (a real store never
+/// got them, and a held write leaves the trace of what the store holds alone). To test the
+/// treatment of quarantined records, the traces of the held records are quarantined here, as
+/// an operator quarantines stored records through the lifecycle API.
+async fn quarantine_held(g: &Gate) {
+    g.sql(
+        "INSERT INTO traces (tenant_id, id, phase, influence, trace_type, last_receipt_id, updated_at) \
+         SELECT tenant_id, trace_id, 'quarantined', 'none', NULL, receipt_id, created_at FROM quarantine WHERE status = 'held' \
+         ON CONFLICT (tenant_id, id) DO UPDATE SET phase = 'quarantined', influence = 'none'",
+    )
+    .await;
+}
+
 async fn call(
     g: &Gate,
     method: &str,
@@ -217,6 +230,7 @@ async fn qdrant_points_batches_payloads_and_reads() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
+        quarantine_held(&g).await;
         // Search: held (2) and deleted (3) points dropped; untrusted ones (1, 10) marked.
         let r = call(
             &g,
@@ -329,6 +343,7 @@ async fn pinecone_vectors_records_and_queries() {
         );
         never_saw_poison(&up);
 
+        quarantine_held(&g).await;
         // Query: the held vector is dropped, the untrusted one marked (flat key).
         let r = call(
             &g,
@@ -424,6 +439,7 @@ async fn weaviate_objects_and_batches() {
         .await;
         assert_eq!(r.status(), 202);
         never_saw_poison(&up);
+        quarantine_held(&g).await;
         let r = call(
             &g,
             "GET",
@@ -526,6 +542,7 @@ async fn milvus_entities_insert_delete_search() {
         assert_eq!(r.status(), 200);
         assert_eq!(up.requests("POST", "/v2/vectordb/entities/delete").len(), 1);
 
+        quarantine_held(&g).await;
         // Search: the held entity (3) is dropped.
         let r = call(
             &g,
