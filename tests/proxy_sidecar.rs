@@ -350,6 +350,14 @@ async fn quarantine_review_releases_and_rejects() {
         let (s, v) = g.get(DEMO_KEY, "/substrate/quarantine?limit=0").await;
         assert_problem(s, &v, 400, "validation_failed");
 
+        // Entries held by earlier versions had moved their record's trace themselves (its last
+        // receipt is the hold's): that is not a change since the hold, and release proceeds.
+        g.sql(&format!(
+            "INSERT INTO traces (tenant_id, id, phase, influence, trace_type, last_receipt_id, updated_at) \
+             SELECT tenant_id, trace_id, 'quarantined', 'none', NULL, receipt_id, '9999-12-31T00:00:00.000000Z' \
+             FROM quarantine WHERE id = '{q1id}'"
+        ))
+        .await;
         // Release: the exact stored request goes upstream; the answer carries its status.
         let r = g
             .client

@@ -242,11 +242,16 @@ impl Store {
         })
     }
 
-    /// When a trace last moved (RFC 3339, as stored); `None` for a trace never written.
-    pub async fn trace_updated_at(&self, tenant: Uuid, id: Uuid) -> Result<Option<String>> {
+    /// When a trace last moved (RFC 3339, as stored) and by which receipt; `None` for a trace
+    /// never written.
+    pub async fn trace_last_move(
+        &self,
+        tenant: Uuid,
+        id: Uuid,
+    ) -> Result<Option<(String, Option<String>)>> {
         Ok(with_pool!(self, read, |p, _d| {
-            sqlx::query_scalar::<_, String>(
-                "SELECT updated_at FROM traces WHERE tenant_id = $1 AND id = $2",
+            sqlx::query_as::<_, (String, Option<String>)>(
+                "SELECT updated_at, last_receipt_id FROM traces WHERE tenant_id = $1 AND id = $2",
             )
             .bind(tenant.to_string())
             .bind(id.to_string())
