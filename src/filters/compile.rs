@@ -51,6 +51,7 @@ const PACK_FIELDS: &[&str] = &[
     "substrate",
     "annotation",
     "annotation_key",
+    "uuid_ids",
 ];
 const SHAPE_FIELDS: &[&str] = &[
     "layout", "records", "id", "text", "metadata", "parallel", "exclude", "scan",
@@ -361,6 +362,7 @@ struct PackDefaults {
     substrate: String,
     annotation: AnnotationStyle,
     annotation_key: String,
+    uuid_ids: bool,
 }
 
 /// What is known of a route for the pack-wide checks, even when the route itself failed.
@@ -483,6 +485,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
     let annotation = annotation_style(ctx, t, "pack").unwrap_or(AnnotationStyle::Nested);
     let annotation_key =
         annotation_key(ctx, t, "pack").unwrap_or_else(|| DEFAULT_ANNOTATION_KEY.to_string());
+    let uuid_ids = ctx.opt_bool(t, "pack", "uuid_ids").unwrap_or(false);
     if ctx.errors.len() != before {
         return None;
     }
@@ -491,6 +494,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
         substrate: substrate?,
         annotation,
         annotation_key,
+        uuid_ids,
     })
 }
 
@@ -799,6 +803,7 @@ fn compile_route(
         annotate,
         annotation,
         annotation_key,
+        uuid_ids: defaults.is_some_and(|d| d.uuid_ids),
         collection,
         id_param,
         method: method.as_str(),

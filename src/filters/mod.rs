@@ -177,6 +177,10 @@ pub struct CompiledRoute {
     pub annotation: AnnotationStyle,
     /// `_integrity` unless the pack says otherwise: the nested key, or the flat prefix.
     pub annotation_key: String,
+    /// The pack's `uuid_ids`: the store reads a record id that is a UUID in any spelling as one
+    /// record and answers it in canonical form (Qdrant, Weaviate), so the gate keys its trace
+    /// by the canonical form too.
+    pub uuid_ids: bool,
     pub collection: Option<CollectionRef>,
     /// A path parameter that names the record when the body does not (`DELETE /x/{id}`).
     pub id_param: Option<String>,

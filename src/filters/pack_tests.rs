@@ -882,6 +882,21 @@ fn milvus_lone_entities_v1_paths_and_collection_routes() {
     }
 }
 
+#[test]
+fn uuid_ids_are_a_pack_setting() {
+    let t = table();
+    for (pack, name, want) in [
+        ("qdrant", "upsert_points", true),
+        ("weaviate", "batch_objects", true),
+        ("chroma", "add", false),
+        ("pinecone", "upsert_vectors", false),
+        ("milvus", "insert", false),
+        ("generic", "create", false),
+    ] {
+        assert_eq!(route(&t, pack, name).uuid_ids, want, "{pack}/{name}");
+    }
+}
+
 /// Routes for the other stores' writes that used to pass through unjudged: Pinecone's
 /// Documents API and namespace deletion, Weaviate's class-less object paths, references, class
 /// and backup routes, Qdrant's collection deletion, snapshot recovery and aliases.

@@ -40,6 +40,11 @@ async fn candidate_trace(
         }
     }
     tries.push(record_trace_id(collection, id));
+    // A record of a store that keys UUID ids by their canonical spelling (a pack's `uuid_ids`).
+    let canonical = crate::kernel::operations::retrieval::record_trace_id_of(collection, id, true);
+    if !tries.contains(&canonical) {
+        tries.push(canonical);
+    }
     for t in tries {
         if let Some(row) = state.store.trace_row(tenant, t).await? {
             return Ok(Some(TraceFacts {

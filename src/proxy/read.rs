@@ -165,7 +165,7 @@ async fn treat(
         .map(|id| {
             (
                 id.as_str(),
-                record_trace_id(tenant, &route.pack, collection.as_deref(), id),
+                record_trace_id(tenant, route, collection.as_deref(), id),
             )
         })
         .collect();

@@ -32,11 +32,11 @@ use uuid::Uuid;
 /// already scoped by tenant in storage; one gate fronts one upstream.
 pub fn record_trace_id(
     _tenant: Uuid,
-    _pack: &str,
+    route: &crate::filters::CompiledRoute,
     collection: Option<&str>,
     record_id: &str,
 ) -> Uuid {
-    crate::kernel::operations::retrieval::record_trace_id(collection, record_id)
+    crate::kernel::operations::retrieval::record_trace_id_of(collection, record_id, route.uuid_ids)
 }
 
 fn fail_open_route(rt: &Runtime, m: &RouteMatch<'_>) -> bool {
@@ -177,7 +177,7 @@ pub async fn handle(
         .map(|r| {
             record_signal(
                 tenant,
-                &route.pack,
+                route,
                 collection.as_deref(),
                 substrate,
                 mutation,
@@ -473,7 +473,7 @@ pub async fn handle(
 #[allow(clippy::too_many_arguments)]
 pub fn record_signal(
     tenant: Uuid,
-    pack: &str,
+    route: &crate::filters::CompiledRoute,
     collection: Option<&str>,
     substrate: TargetSubstrate,
     mutation: ProposedMutation,
@@ -486,7 +486,7 @@ pub fn record_signal(
     let region = rec
         .id
         .as_deref()
-        .map(|rid| record_trace_id(tenant, pack, collection, rid));
+        .map(|rid| record_trace_id(tenant, route, collection, rid));
     // A delete removes content and adds none: its filter (a `where` naming the very text being
     // cleaned up, say) is never stored nor retrieved, so it is not read as content. The signal
     // says what is deleted; the receipt's context binds the filter.

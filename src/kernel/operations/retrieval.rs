@@ -59,6 +59,21 @@ pub fn treatment_for_phase(phase: Option<TracePhase>) -> RetrievalTreatment {
 /// when the store has none). Retrieval filter looks record ids up this way
 /// when they name no trace or signal themselves.
 pub fn record_trace_id(collection: Option<&str>, record_id: &str) -> uuid::Uuid {
+    record_trace_id_of(collection, record_id, false)
+}
+
+/// [`record_trace_id`], with a record id that parses as a UUID (simple, hyphenated, braced or
+/// URN form, any case) keyed by its canonical hyphenated lower-case form when `uuid_ids` (the
+/// store treats every spelling as the same record).
+pub fn record_trace_id_of(collection: Option<&str>, record_id: &str, uuid_ids: bool) -> uuid::Uuid {
+    if uuid_ids {
+        if let Ok(u) = uuid::Uuid::try_parse(record_id) {
+            let canonical = u.hyphenated().to_string();
+            if canonical != record_id {
+                return record_trace_id_of(collection, &canonical, false);
+            }
+        }
+    }
     uuid::Uuid::new_v5(
         &super::super::policy::NAMESPACE,
         format!("record:{}:{}", collection.unwrap_or(""), record_id).as_bytes(),
@@ -277,6 +292,26 @@ pub fn evaluate(input: &RetrievalInput, policy: &CompiledPolicy) -> RetrievalOut
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn uuid_ids_are_keyed_by_their_canonical_spelling_only_when_asked() {
+        use super::{record_trace_id, record_trace_id_of};
+        let canonical = "0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11";
+        let want = record_trace_id(Some("docs"), canonical);
+        for spelling in [
+            canonical,
+            "0B7E6A52-6A3C-4C7E-9D7A-5D2F0C1E9A11",
+            "0b7e6a526a3c4c7e9d7a5d2f0c1e9a11",
+            "urn:uuid:0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11",
+            "{0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11}",
+        ] {
+            assert_eq!(record_trace_id_of(Some("docs"), spelling, true), want, "{spelling}");
+        }
+        // Without the pack's flag an id is a string: a 32-hex content hash keeps its own trace.
+        let hash = "0b7e6a526a3c4c7e9d7a5d2f0c1e9a11";
+        assert_ne!(record_trace_id_of(Some("docs"), hash, false), want);
+        assert_eq!(record_trace_id_of(Some("docs"), "42", true), record_trace_id(Some("docs"), "42"));
+    }
+
     use super::super::testutil::*;
     use super::*;
 
