@@ -684,11 +684,13 @@ fn compile_route(
             Some(CollectionRef::Param(inner.to_string()))
         } else if s.starts_with('/') {
             ctx.pointer(s, &n.span, &p).map(CollectionRef::Body)
+        } else if let Some(q) = s.strip_prefix('?').filter(|q| !q.is_empty() && !q.contains(['&', '='])) {
+            Some(CollectionRef::Query(q.to_string()))
         } else {
             ctx.err(
                 &n.span,
                 p,
-                "collection is `{param}` (a path parameter) or a JSON pointer into the body",
+                "collection is `{param}` (a path parameter), `?name` (a query parameter) or a JSON pointer into the body",
             );
             None
         }

@@ -80,6 +80,8 @@ pub enum CollectionRef {
     Param(String),
     /// A string (or number) in the request body.
     Body(Pointer),
+    /// A query parameter of the request (`?namespace=`), percent-decoded.
+    Query(String),
 }
 
 /// Where the records are in a body. Pointers are relative to the body for `columnar`, and

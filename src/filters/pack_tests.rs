@@ -883,6 +883,18 @@ fn milvus_lone_entities_v1_paths_and_collection_routes() {
 }
 
 #[test]
+fn a_collection_can_come_from_the_query_string() {
+    let t = table();
+    let m = t
+        .match_route("GET", "/vectors/fetch?ids=v1&namespace=ns%201&ids=v2")
+        .unwrap();
+    assert_eq!(m.route.name, "fetch");
+    assert_eq!(m.collection(&Value::Null).as_deref(), Some("ns 1"));
+    let m = t.match_route("GET", "/vectors/fetch?ids=v1").unwrap();
+    assert_eq!(m.collection(&Value::Null), None);
+}
+
+#[test]
 fn uuid_ids_are_a_pack_setting() {
     let t = table();
     for (pack, name, want) in [

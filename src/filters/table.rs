@@ -22,6 +22,8 @@ pub struct RouteTable {
 pub struct RouteMatch<'a> {
     pub route: &'a CompiledRoute,
     pub params: Vec<(&'a str, String)>,
+    /// The value of the query parameter that names the collection (`collection = "?name"`).
+    pub query_collection: Option<String>,
 }
 
 /// A request that reads one record back from the upstream (start-up reconciliation of writes
@@ -123,9 +125,9 @@ impl RouteTable {
     /// HTTP. Allocates only when a route matches (the captured parameters).
     pub fn match_route<'a>(&'a self, method: &str, path: &str) -> Option<RouteMatch<'a>> {
         let by_count = &self.index[Method::parse(method)? as usize];
-        let path = match path.find(['?', '#']) {
-            Some(i) => &path[..i],
-            None => path,
+        let (path, query) = match path.find(['?', '#']) {
+            Some(i) => (&path[..i], path[i..].strip_prefix('?')),
+            None => (path, None),
         };
         let path = if path.len() > 1 {
             path.strip_suffix('/').unwrap_or(path)
@@ -148,7 +150,7 @@ impl RouteTable {
                     Segment::Param(_) => !v.is_empty(),
                 });
             if hit {
-                let params = route
+                let params: Vec<(&str, String)> = route
                     .segments
                     .iter()
                     .zip(rest.split('/'))
@@ -157,7 +159,18 @@ impl RouteTable {
                         Segment::Literal(_) => None,
                     })
                     .collect();
-                return Some(RouteMatch { route, params });
+                let mut query_collection = None;
+                if let (Some(CollectionRef::Query(name)), Some(q)) = (&route.collection, query) {
+                    let q = q.split('#').next().unwrap_or("");
+                    query_collection = url::form_urlencoded::parse(q.as_bytes())
+                        .find(|(k, _)| k == name.as_str())
+                        .map(|(_, v)| v.into_owned());
+                }
+                return Some(RouteMatch {
+                    route,
+                    params,
+                    query_collection,
+                });
             }
         }
         None
@@ -225,6 +238,7 @@ impl<'a> RouteMatch<'a> {
     pub fn collection(&self, body: &Value) -> Option<String> {
         match self.route.collection.as_ref()? {
             CollectionRef::Param(p) => self.param(p).map(str::to_string),
+            CollectionRef::Query(_) => self.query_collection.clone(),
             CollectionRef::Body(ptr) => match ptr.get(body)? {
                 Value::String(s) => Some(s.clone()),
                 Value::Number(n) => Some(n.to_string()),
