@@ -518,3 +518,21 @@ def test_collection_deletion_is_governed_and_passes(chroma_direct, chroma_gated,
     chroma_gated.delete_collection(name)
     assert name not in [c.name for c in chroma_direct.list_collections()]
     assert upstream_recorder.requests(f"/collections/{name}", "DELETE")
+
+
+def test_an_instruction_in_the_uris_column_is_read(chroma_direct, chroma_gated, upstream_recorder):
+    """Chroma's `uris` column is read with the record's document (the pack's `scan`): an
+    instruction placed there is held or blocked like one in the document."""
+    direct, gated = collections(chroma_direct, chroma_gated, "uris")
+    outcome, _ = write_outcome(
+        lambda: gated.add(ids=["u1"], embeddings=vectors(1, DIM, seed=21), uris=[POISONED["hidden_instruction"]])
+    )
+    assert outcome in ("held", "blocked")
+    assert stored(direct) == {}
+    assert never_reached_upstream(upstream_recorder, direct, "ignore all previous instructions")
+    # An ordinary uri passes with its record.
+    outcome, problem = write_outcome(
+        lambda: gated.add(ids=["u2"], embeddings=vectors(1, DIM, seed=22), uris=["s3://bucket/report.pdf"], documents=[BENIGN_DOCS[1]])
+    )
+    assert outcome == "passed", problem
+    assert set(stored(direct)) == {"u2"}
