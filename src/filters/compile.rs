@@ -930,7 +930,9 @@ fn compile_shape(
 
     let layout = layout?;
     let unused: &[&str] = match layout {
-        Layout::None => &["records", "id", "text", "metadata", "parallel", "exclude", "scan"],
+        Layout::None => &[
+            "records", "id", "text", "metadata", "parallel", "exclude", "scan",
+        ],
         Layout::Columnar => &["records", "exclude"],
         Layout::Rows | Layout::Single => &["parallel"],
         Layout::Ndjson => &["records", "parallel"],

@@ -115,7 +115,10 @@ fn text_of(v: Option<&Value>) -> Option<String> {
 }
 
 /// The record's text with the values of the shape's `scan` pointers appended, one per line.
-fn with_scanned<'v>(text: Option<String>, scanned: impl Iterator<Item = &'v Value>) -> Option<String> {
+fn with_scanned<'v>(
+    text: Option<String>,
+    scanned: impl Iterator<Item = &'v Value>,
+) -> Option<String> {
     let mut out = text;
     for v in scanned {
         if let Some(more) = text_of(Some(v)).filter(|m| !m.is_empty()) {

@@ -304,12 +304,19 @@ mod tests {
             "urn:uuid:0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11",
             "{0b7e6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11}",
         ] {
-            assert_eq!(record_trace_id_of(Some("docs"), spelling, true), want, "{spelling}");
+            assert_eq!(
+                record_trace_id_of(Some("docs"), spelling, true),
+                want,
+                "{spelling}"
+            );
         }
         // Without the pack's flag an id is a string: a 32-hex content hash keeps its own trace.
         let hash = "0b7e6a526a3c4c7e9d7a5d2f0c1e9a11";
         assert_ne!(record_trace_id_of(Some("docs"), hash, false), want);
-        assert_eq!(record_trace_id_of(Some("docs"), "42", true), record_trace_id(Some("docs"), "42"));
+        assert_eq!(
+            record_trace_id_of(Some("docs"), "42", true),
+            record_trace_id(Some("docs"), "42")
+        );
     }
 
     use super::super::testutil::*;
