@@ -376,6 +376,35 @@ struct RuleSpec {
 const MIN_DIGITS: usize = 8;
 
 // Patterns are compiled through `ascii_classes`.
+/// Fragments shared by the rules that find text addressed to an AI reader: one definition, so a
+/// word added to the addressees or the orders reaches every rule (`concat!` builds the patterns
+/// at compile time).
+macro_rules! ai_addressee {
+    () => {
+        r#"(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))"#
+    };
+}
+/// An addressee named by its role: "travel-booking agent", "customer support bot", ...
+macro_rules! role_addressee {
+    () => {
+        r#"(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?)"#
+    };
+}
+/// What an order to an AI reader asks it to do.
+macro_rules! steering_verb {
+    () => {
+        r#"(?:suppress|create|paste|move|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never[ \t]+mention|forward|send|sent|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|update|change|cancel|delete|remove|close|grant|run|execute|install|disable|ignore|disregard|share|give|reveal|append|insert|mark|call|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|put|add|begin|check[ \t]+out|link|open|store|remember|read|always|never|do[ \t]+not|don'?t)"#
+    };
+}
+
+/// Anchors of the rules above: every match names an AI reader with one of these (some rules
+/// add the words their own matches may contain instead).
+macro_rules! ai_reader_anchors {
+    ($($extra:literal),*) => {
+        &["ai ", "ai:", "ai,", "ai-", "ai_", "ai)", "llm", "gpt", "claude", "gemini", "copilot", "chatbot", "bot ", "bot:", "bot,", "bots", "bot-", "bot)", "crawler", "summari", "language model", "assistant", "agent", "helper", "responder", "reader", "planner", "operator", "model", "plugin", "integration", "system", $($extra),*]
+    };
+}
+
 const RULES: &[RuleSpec] = &[
     // --- prompt injection -------------------------------------------------------------------
     RuleSpec {
@@ -1495,167 +1524,69 @@ const RULES: &[RuleSpec] = &[
     // control-waiving policy claims and executive authority claims ------------------------------
     RuleSpec {
         reason: Reason::InjectionImperative,
-        pattern: r#"(?im)(?:(?:^|[.!?;(\[{>*#\"'~|`/=-]|<[a-z][^<>\n]{0,60}>|\bp\.?s\.?|\bn\.b\.)[ \t]*(?:(?:hey|dear|psst|hi|hello|attention|also|ok|okay|btw|oh[ \t]+and)[ \t]*,?[ \t]+)?(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?@?(?:(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))|(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?)|(?:assistants|agents|helpers|responders|readers|models|operators)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)[ \t]+\w+ing\b[^:,.\n]{0,60}?)(?:[ \t]+(?:only|here|like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?|which[ \t]+\w+s?)\b[^:,.\n]{0,60}?))?[ \t]*\)?[ \t]*(?::|[ \t][-–—]+)|(?:^|[.!?;(\[{>*#\"'~|`/=-]|<[a-z][^<>\n]{0,60}>)[ \t]*(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)[ \t]*:[ \t]*(?:when(?:ever)?|if|once|before|after)\b[^.\n]{0,80}?,|(?:^|[.!?;(\[{>*#\"'~|`/=-]|\bp\.?s\.?)[ \t]*(?:(?:hey|dear|psst|hi|hello|attention|also|ok|okay|btw|oh[ \t]+and)[ \t]*,?[ \t]+)?(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?@?(?:(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))|(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model))[ \t]*,|(?://|#|/\*|<!--|--)[ \t]*@?(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)[ \t]*:|\b(?:(?:hey|dear|psst|hi|hello|attention|also|ok|okay|btw|oh[ \t]+and)[ \t]*,?[ \t]+)(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?(?:(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)|(?:assistants|agents|helpers|responders|readers|models|operators))[ \t]*[:,-])[ \t]*(?:(?:when(?:ever)?|if|before|after|once|while|instead[ \t]+of)\b[^.\n]{0,80}?,[ \t]*)?(?:(?:please|kindly|always|also|now|just|first|then|simply|immediately|quietly|silently|secretly|only)[ \t]+)*(?:suppress|change|stop|paste|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never|do[ \t]+not|don'?t|forward|send|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|cancel|delete|grant|run|execute|install|disable|turn[ \t]+off|ignore|disregard|share|give|reveal|append|insert|mark|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|assume|instead|the[ \t]+(?:correct|right|official|only|real)[ \t]+answer)\b"#,
-        gate: Gate::Anchors(&[
-            "ai ",
-            "ai:",
-            "ai,",
-            "ai-",
-            "ai_",
-            "ai)",
-            "llm",
-            "gpt",
-            "claude",
-            "gemini",
-            "copilot",
-            "chatbot",
-            "bot ",
-            "bot:",
-            "bot,",
-            "bots",
-            "bot-",
-            "bot)",
-            "crawler",
-            "summari",
-            "language model",
-            "assistant",
-            "agent",
-            "helper",
-            "responder",
-            "reader",
-            "planner",
-            "operator",
-            "model",
-            "plugin",
-            "integration",
-            "system",
-        ]),
+        pattern: concat!(
+            r#"(?im)(?:(?:^|[.!?;(\[{>*#\"'~|`/=-]|<[a-z][^<>\n]{0,60}>|\bp\.?s\.?|\bn\.b\.)[ \t]*(?:(?:hey|dear|psst|hi|hello|attention|also|ok|okay|btw|oh[ \t]+and)[ \t]*,?[ \t]+)?(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?@?(?:"#,
+            ai_addressee!(),
+            r#"|"#,
+            role_addressee!(),
+            r#"|(?:assistants|agents|helpers|responders|readers|models|operators)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)[ \t]+\w+ing\b[^:,.\n]{0,60}?)(?:[ \t]+(?:only|here|like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?|which[ \t]+\w+s?)\b[^:,.\n]{0,60}?))?[ \t]*\)?[ \t]*(?::|[ \t][-–—]+)|(?:^|[.!?;(\[{>*#\"'~|`/=-]|<[a-z][^<>\n]{0,60}>)[ \t]*(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)[ \t]*:[ \t]*(?:when(?:ever)?|if|once|before|after)\b[^.\n]{0,80}?,|(?:^|[.!?;(\[{>*#\"'~|`/=-]|\bp\.?s\.?)[ \t]*(?:(?:hey|dear|psst|hi|hello|attention|also|ok|okay|btw|oh[ \t]+and)[ \t]*,?[ \t]+)?(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?@?(?:"#,
+            ai_addressee!(),
+            r#"|"#,
+            role_addressee!(),
+            r#"|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model))[ \t]*,|(?://|#|/\*|<!--|--)[ \t]*@?(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)[ \t]*:|\b(?:(?:hey|dear|psst|hi|hello|attention|also|ok|okay|btw|oh[ \t]+and)[ \t]*,?[ \t]+)(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?(?:(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model)|(?:assistants|agents|helpers|responders|readers|models|operators))[ \t]*[:,-])[ \t]*(?:(?:when(?:ever)?|if|before|after|once|while|instead[ \t]+of)\b[^.\n]{0,80}?,[ \t]*)?(?:(?:please|kindly|always|also|now|just|first|then|simply|immediately|quietly|silently|secretly|only)[ \t]+)*(?:suppress|change|stop|paste|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never|do[ \t]+not|don'?t|forward|send|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|cancel|delete|grant|run|execute|install|disable|turn[ \t]+off|ignore|disregard|share|give|reveal|append|insert|mark|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|assume|instead|the[ \t]+(?:correct|right|official|only|real)[ \t]+answer)\b"#
+        ),
+        gate: Gate::Anchors(ai_reader_anchors!()),
         check: Check::NotTranscript,
         detail: "addresses orders to the AI model that will read the text",
     },
     RuleSpec {
         reason: Reason::InjectionImperative,
-        pattern: r#"(?i)(?:(?:\b(?:to|for|of|attn)\b|\(\s*for)[ \t]+(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?@?(?:(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))|(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?)|(?:assistants|agents|helpers|responders|readers|models|operators)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model))(?:[ \t]+(?:only|here|like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?|which[ \t]+\w+s?)\b[^:,.\n]{0,60}?))?[ \t]*\)?[ \t]*(?::|[ \t][-–—]+|\))|\b(?:dear|hey|psst)[ \t]*,?[ \t]+(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?(?:(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))|(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?)|(?:assistants|agents|helpers|responders|readers|models|operators)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model))(?:[ \t]+(?:only|here|like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?|which[ \t]+\w+s?)\b[^:,.\n]{0,60}?))?[ \t]*[:,-]|(?m:^#{1,6}[ \t][^\n]{0,40}\b(?:for|to)[ \t]+(?:the[ \t]+)?(?:(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))|(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?))[ \t]*\n)|\b(?:ai|llm|assistant|agent|bot|model|crawler|summari[sz]ation|summari[sz]er|copilot|tool|search|automation)[ \t_-]*(?:(?:usage|routing|system)[ \t_-]+)?(?:hints?|notes?|instructions?|directives?|tips?|rules?|guidance|memo|commands?)[ \t]*(?:#{2,}|[:=])|\binstructions?[ \t_-]+(?:for|to)[ \t_-]+(?:the[ \t_-]+)?(?:ai|llm|agent|assistant|bot|model)s?\b[\"']?[ \t]*[:=])[^\n]{0,200}?\b(?:suppress|create|paste|move|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never[ \t]+mention|forward|send|sent|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|update|change|cancel|delete|remove|close|grant|run|execute|install|disable|ignore|disregard|share|give|reveal|append|insert|mark|call|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|put|add|begin|check[ \t]+out|link|open|store|remember|read|always|never|do[ \t]+not|don'?t)\b"#,
-        gate: Gate::Anchors(&[
-            "ai ",
-            "ai:",
-            "ai,",
-            "ai-",
-            "ai_",
-            "ai)",
-            "llm",
-            "gpt",
-            "claude",
-            "gemini",
-            "copilot",
-            "chatbot",
-            "bot ",
-            "bot:",
-            "bot,",
-            "bots",
-            "bot-",
-            "bot)",
-            "crawler",
-            "summari",
-            "language model",
-            "assistant",
-            "agent",
-            "helper",
-            "responder",
-            "reader",
-            "planner",
-            "operator",
-            "model",
-            "plugin",
-            "integration",
-            "system",
-            "tool",
-            "search",
-            "automation",
-        ]),
+        pattern: concat!(
+            r#"(?i)(?:(?:\b(?:to|for|of|attn)\b|\(\s*for)[ \t]+(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?@?(?:"#,
+            ai_addressee!(),
+            r#"|"#,
+            role_addressee!(),
+            r#"|(?:assistants|agents|helpers|responders|readers|models|operators)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model))(?:[ \t]+(?:only|here|like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?|which[ \t]+\w+s?)\b[^:,.\n]{0,60}?))?[ \t]*\)?[ \t]*(?::|[ \t][-–—]+|\))|\b(?:dear|hey|psst)[ \t]*,?[ \t]+(?:(?:the|all|any|every|each|our|my|you|whichever|whatever)[ \t]+)?(?:"#,
+            ai_addressee!(),
+            r#"|"#,
+            role_addressee!(),
+            r#"|(?:assistants|agents|helpers|responders|readers|models|operators)|(?:assistant|agent|helper|responder|reader|model|operator|the[ \t]+model))(?:[ \t]+(?:only|here|like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?|which[ \t]+\w+s?)\b[^:,.\n]{0,60}?))?[ \t]*[:,-]|(?m:^#{1,6}[ \t][^\n]{0,40}\b(?:for|to)[ \t]+(?:the[ \t]+)?(?:"#,
+            ai_addressee!(),
+            r#"|"#,
+            role_addressee!(),
+            r#")[ \t]*\n)|\b(?:ai|llm|assistant|agent|bot|model|crawler|summari[sz]ation|summari[sz]er|copilot|tool|search|automation)[ \t_-]*(?:(?:usage|routing|system)[ \t_-]+)?(?:hints?|notes?|instructions?|directives?|tips?|rules?|guidance|memo|commands?)[ \t]*(?:#{2,}|[:=])|\binstructions?[ \t_-]+(?:for|to)[ \t_-]+(?:the[ \t_-]+)?(?:ai|llm|agent|assistant|bot|model)s?\b[\"']?[ \t]*[:=])[^\n]{0,200}?\b"#,
+            steering_verb!(),
+            r#"\b"#
+        ),
+        gate: Gate::Anchors(ai_reader_anchors!("tool", "search", "automation")),
         check: Check::NotDescribed,
         detail: "addresses orders to the AI model that will read the text",
     },
     RuleSpec {
         reason: Reason::InjectionImperative,
-        pattern: r#"(?i)\b(?:(?:ai|llms?|gpt|chatgpt|claude|gemini|copilots?|chatbots?|bots?|crawlers?|summari[sz]ers?|language[ \t]+models?|(?:ai|llm)[ \t_-]*(?:assistants?|agents?|bots?|models?|systems?|readers?|helpers?|tools?|operators?|planners?|crawlers?))|(?:(?:helper|help|service|chat|feedback|news|ai|ai-powered|llm-based|llm|automated|autonomous|virtual|digital|coding|shopping|travel|travel-booking|booking|mail|e-?mail|inbox|support|customer[ \t]+support|scheduling|procurement|calendar|github|review|review-summari[sz]ation|summari[sz]ation|triage|browsing|comparison)[ \t_-]+){1,3}(?:assistants?|agents?|bots?|helpers?|responders?|readers?|planners?|operators?|copilots?|models?|systems?|plugins?|integrations?|summari[sz]ers?|crawlers?)|the[ \t]+model)(?:[ \t]+(?:like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?)\b[^,.\n]{0,40}?))?[ \t]+(?:should|must|shall|needs?[ \t]+to|has[ \t]+to|have[ \t]+to|is[ \t]+to|are[ \t]+to|ought[ \t]+to)[ \t]+(?:(?:now|always|never|also|first|then|simply|immediately|automatically|just|not|only|quietly|silently)[ \t]+){0,3}(?:suppress|create|paste|move|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never[ \t]+mention|forward|send|sent|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|update|change|cancel|delete|remove|close|grant|run|execute|install|disable|ignore|disregard|share|give|reveal|append|insert|mark|call|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|put|add|begin|check[ \t]+out|link|open|store|remember|read|always|never|do[ \t]+not|don'?t)\b|\bagents[ \t]+(?:should|must|need[ \t]+to|are[ \t]+to)[ \t]+(?:(?:now|always|also|simply|immediately|automatically|just)[ \t]+){0,2}(?:wire|transfer[ \t]+(?:funds|money|the|all|\$)|pay[ \t]+(?:its|their|the|all|any|every|invoices|out)|bcc|cc)\b|\b(?:assistants|helpers|responders)(?:[ \t]+(?:like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?)\b[^,.\n]{0,40}?))?[ \t]+(?:should|must|shall|need[ \t]+to|have[ \t]+to|are[ \t]+to)[ \t]+(?:(?:now|always|never|also|first|then|simply|immediately|automatically|just|only|quietly|silently)[ \t]+){0,3}(?:pay|wire|transfer|approve|grant|bcc|cc|click|execute|install|charge|skip|bypass|invoke|purchase|buy|subscribe|forward|send|share|book|never[ \t]+(?:mention|tell|warn|flag|escalate|reveal[ \t]+to))\b"#,
-        gate: Gate::Anchors(&[
-            "ai ",
-            "ai:",
-            "ai,",
-            "ai-",
-            "ai_",
-            "ai)",
-            "llm",
-            "gpt",
-            "claude",
-            "gemini",
-            "copilot",
-            "chatbot",
-            "bot ",
-            "bot:",
-            "bot,",
-            "bots",
-            "bot-",
-            "bot)",
-            "crawler",
-            "summari",
-            "language model",
-            "assistant",
-            "agent",
-            "helper",
-            "responder",
-            "reader",
-            "planner",
-            "operator",
-            "model",
-            "plugin",
-            "integration",
-            "system",
-        ]),
+        pattern: concat!(
+            r#"(?i)\b(?:"#,
+            ai_addressee!(),
+            r#"|"#,
+            role_addressee!(),
+            r#"|the[ \t]+model)(?:[ \t]+(?:like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?)\b[^,.\n]{0,40}?))?[ \t]+(?:should|must|shall|needs?[ \t]+to|has[ \t]+to|have[ \t]+to|is[ \t]+to|are[ \t]+to|ought[ \t]+to)[ \t]+(?:(?:now|always|never|also|first|then|simply|immediately|automatically|just|not|only|quietly|silently)[ \t]+){0,3}"#,
+            steering_verb!(),
+            r#"\b|\bagents[ \t]+(?:should|must|need[ \t]+to|are[ \t]+to)[ \t]+(?:(?:now|always|also|simply|immediately|automatically|just)[ \t]+){0,2}(?:wire|transfer[ \t]+(?:funds|money|the|all|\$)|pay[ \t]+(?:its|their|the|all|any|every|invoices|out)|bcc|cc)\b|\b(?:assistants|helpers|responders)(?:[ \t]+(?:like[ \t]+you|(?:\w+ing|that[ \t]+\w+s?|who[ \t]+\w+s?)\b[^,.\n]{0,40}?))?[ \t]+(?:should|must|shall|need[ \t]+to|have[ \t]+to|are[ \t]+to)[ \t]+(?:(?:now|always|never|also|first|then|simply|immediately|automatically|just|only|quietly|silently)[ \t]+){0,3}(?:pay|wire|transfer|approve|grant|bcc|cc|click|execute|install|charge|skip|bypass|invoke|purchase|buy|subscribe|forward|send|share|book|never[ \t]+(?:mention|tell|warn|flag|escalate|reveal[ \t]+to))\b"#
+        ),
+        gate: Gate::Anchors(ai_reader_anchors!()),
         check: Check::NotDescribed,
         detail: "gives orders to AI agents reading the text",
     },
     RuleSpec {
         reason: Reason::InjectionImperative,
-        pattern: r#"(?i)\bif[ \t]+(?:(?:you[ \t]+are|you're|you[ \t]+happen[ \t]+to[ \t]+be)[ \t]+(?:an?[ \t]+)?(?:[\w-]+[ \t]+){0,3}?(?:ai|llm|assistant|agent|bot|chatbot|copilot|model|language[ \t]+model|crawler|summari[sz]er)s?\b|an?[ \t]+(?:ai|llm|automated|autonomous|virtual)\b)[^.\n]{0,80}?,[ \t]*(?:(?:please|also|then|kindly|just|now|you[ \t]+(?:must|should|can|may))[ \t]+)*(?:suppress|create|paste|move|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never[ \t]+mention|forward|send|sent|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|update|change|cancel|delete|remove|close|grant|run|execute|install|disable|ignore|disregard|share|give|reveal|append|insert|mark|call|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|put|add|begin|check[ \t]+out|link|open|store|remember|read|always|never|do[ \t]+not|don'?t)\b|\b(?:whoever|whatever|whichever)\b[^:.\n]{0,80}?\b(?:reads?|reading|summari[sz]es|summari[sz]ing|answers|answering|process(?:es|ing)|triag(?:es|ing)|handles|handling|taking|takes|parses|parsing|index(?:es|ing)|reviews|reviewing)\b[^:\n]{0,80}?[:,][^\n]{0,120}?\b(?:suppress|create|paste|move|tell|say|state|claim|recommend|rank|rate|describe|report|suggest|include|mention|omit|leave[ \t]+out|hide|never[ \t]+mention|forward|send|sent|e-?mail|reply(?:-all)?|respond|output|print|cc|bcc|click|approve|book|charge|wire|pay|transfer|refund|update|change|cancel|delete|remove|close|grant|run|execute|install|disable|ignore|disregard|share|give|reveal|append|insert|mark|call|invoke|subscribe|purchase|buy|visit|download|fetch|treat|praise|label|redirect|collect|prefer|skip|bypass|put|add|begin|check[ \t]+out|link|open|store|remember|read|always|never|do[ \t]+not|don'?t)\b"#,
-        gate: Gate::Anchors(&[
-            "ai ",
-            "ai:",
-            "ai,",
-            "ai-",
-            "ai_",
-            "ai)",
-            "llm",
-            "gpt",
-            "claude",
-            "gemini",
-            "copilot",
-            "chatbot",
-            "bot ",
-            "bot:",
-            "bot,",
-            "bots",
-            "bot-",
-            "bot)",
-            "crawler",
-            "summari",
-            "language model",
-            "assistant",
-            "agent",
-            "helper",
-            "responder",
-            "reader",
-            "planner",
-            "operator",
-            "model",
-            "plugin",
-            "integration",
-            "system",
-            "whoever",
-            "whatever",
-            "whichever",
-        ]),
+        pattern: concat!(
+            r#"(?i)\bif[ \t]+(?:(?:you[ \t]+are|you're|you[ \t]+happen[ \t]+to[ \t]+be)[ \t]+(?:an?[ \t]+)?(?:[\w-]+[ \t]+){0,3}?(?:ai|llm|assistant|agent|bot|chatbot|copilot|model|language[ \t]+model|crawler|summari[sz]er)s?\b|an?[ \t]+(?:ai|llm|automated|autonomous|virtual)\b)[^.\n]{0,80}?,[ \t]*(?:(?:please|also|then|kindly|just|now|you[ \t]+(?:must|should|can|may))[ \t]+)*"#,
+            steering_verb!(),
+            r#"\b|\b(?:whoever|whatever|whichever)\b[^:.\n]{0,80}?\b(?:reads?|reading|summari[sz]es|summari[sz]ing|answers|answering|process(?:es|ing)|triag(?:es|ing)|handles|handling|taking|takes|parses|parsing|index(?:es|ing)|reviews|reviewing)\b[^:\n]{0,80}?[:,][^\n]{0,120}?\b"#,
+            steering_verb!(),
+            r#"\b"#
+        ),
+        gate: Gate::Anchors(ai_reader_anchors!("whoever", "whatever", "whichever")),
         check: Check::NotDescribed,
         detail: "addresses orders to the AI model that will read the text",
     },
