@@ -5389,26 +5389,31 @@ mod tests {
         }
     }
 
-    /// Third red-team round: rules that read structure (an AI addressee with an order, a
-    /// disregard-verb with instructions, a memory marker with a consequential action), more
-    /// languages, vendor token formats, persona jailbreaks, control-waiving policy claims and
-    /// executive authority claims. The look-alikes below describe, narrate or ask ordinary
-    /// things and must stay clean for a low-trust source.
-    #[test]
-    fn calls_and_commands_in_code_and_runbooks_are_not_orders() {
-        let d = det();
-        let low = ScanContext {
+    /// A low-trust source, and whether a text would be held or blocked from it: an injection,
+    /// a secret, or a policy/authority claim (source laundering).
+    fn low_trust() -> ScanContext<'static> {
+        ScanContext {
             source_trust: 0.01,
             source_authority: 0.0,
             ..ScanContext::new("retrieved_document")
-        };
-        let flagged = |t: &str| {
-            codes(&d, t, &low).into_iter().any(|c| {
-                c.starts_with("prompt_injection")
-                    || c.starts_with("secret_")
-                    || c == "source_laundering"
-            })
-        };
+        }
+    }
+
+    fn refused_from_low_trust(d: &Detectors, t: &str) -> bool {
+        codes(d, t, &low_trust()).into_iter().any(|c| {
+            c.starts_with("prompt_injection")
+                || c.starts_with("secret_")
+                || c == "source_laundering"
+        })
+    }
+
+    /// Calls and commands that are routine in code and runbooks count as planted orders only
+    /// when their sentence gives the order.
+    #[test]
+    fn calls_and_commands_in_code_and_runbooks_are_not_orders() {
+        let d = det();
+        let low = low_trust();
+        let flagged = |t: &str| refused_from_low_trust(&d, t);
         for benign in [
             "def reset_password(user):\n    token = secrets.token_urlsafe(32)\n    send_email(user.email, \"Reset\", link_for(token))",
             "kubectl delete pod web-7d9f --grace-period=30 restarts the pod under its deployment.",
@@ -5432,21 +5437,16 @@ mod tests {
         }
     }
 
+    /// Third red-team round: rules that read structure (an AI addressee with an order, a
+    /// disregard-verb with instructions, a memory marker with a consequential action), more
+    /// languages, vendor token formats, persona jailbreaks, control-waiving policy claims and
+    /// executive authority claims. The look-alikes below describe, narrate or ask ordinary
+    /// things and must stay clean for a low-trust source.
     #[test]
     fn red_team_third_round() {
         let d = det();
-        let low = ScanContext {
-            source_trust: 0.01,
-            source_authority: 0.0,
-            ..ScanContext::new("retrieved_document")
-        };
-        let caught = |t: &str| {
-            codes(&d, t, &low).into_iter().any(|c| {
-                c.starts_with("prompt_injection")
-                    || c.starts_with("secret_")
-                    || c == "source_laundering"
-            })
-        };
+        let low = low_trust();
+        let caught = |t: &str| refused_from_low_trust(&d, t);
         let mut missed = Vec::new();
         for attack in [
             // addressed to the AI reader
