@@ -450,6 +450,11 @@ proptest! {
             Ok(out) => {
                 prop_assert!(shape.layout != Layout::Single || keep == vec![0]);
                 prop_assert_eq!(&out, &expected_rewrite(shape, &body, &keep), "{}/{}", route.pack, route.name);
+                // Read again, as the store will: only a rewrite that keeps a record is ever
+                // forwarded (a body with none left can pick another shape: Milvus v1's `id: []`).
+                if keep.is_empty() {
+                    return Ok(());
+                }
                 let again = route.extract_records(&out).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 if shape.id.is_some() && shape.layout != Layout::Single {
                     let ids: Vec<Option<String>> = again.iter().map(|r| r.id.clone()).collect();
