@@ -366,10 +366,14 @@ pub async fn handle(
         .map(|o| {
             // A delete's filter is not judged as content (see `record_signal`); the receipt
             // still binds it.
-            let filter = records
-                .iter()
-                .find(|r| deleting && r.index == o.index && r.id.is_none())
-                .and_then(|r| r.metadata.clone());
+            let filter = if deleting {
+                records
+                    .iter()
+                    .find(|r| r.index == o.index && r.id.is_none())
+                    .and_then(|r| r.metadata.clone())
+            } else {
+                None
+            };
             json!({
                 "proxy": {
                     "requestId": request_id,
