@@ -550,6 +550,81 @@ async fn held_writes_and_reviews_leave_the_stored_record_alone() {
     }
 }
 
+/// Bodies the gate cannot read, or could read two ways, are refused with a 400 problem and
+/// never reach the store: a chunk size that is not hex, a body shorter than its
+/// `Content-Length` (the client then stops sending), an object that names a member twice
+/// (parsers disagree on which one wins: the gate must not judge one and forward the other).
+/// They used to be answered 502 `upstream_unavailable`, with an ERROR line.
+#[tokio::test]
+async fn unreadable_and_ambiguous_bodies_are_refused_and_never_forwarded() {
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |_| {}).await;
+        let addr = g.proxy.trim_start_matches("http://").to_string();
+        let body = format!(r#"{{"id": "c1", "text": "{BENIGN}"}}"#);
+        let bad_chunk = format!(
+            "POST /memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\nzz\r\n{body}\r\n0\r\n\r\n"
+        );
+        let short = format!(
+            "POST /memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len() + 10
+        );
+        for (request, half_close) in [(bad_chunk, false), (short, true)] {
+            let answer = raw_exchange(&addr, request.as_bytes(), half_close).await;
+            assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+            assert!(
+                answer
+                    .to_ascii_lowercase()
+                    .contains("content-type: application/problem+json"),
+                "{answer}"
+            );
+            assert!(answer.contains("invalid_body"), "{answer}");
+        }
+        let twice = format!(r#"{{"id": "d1", "text": "{HIDDEN}", "text": "{BENIGN}"}}"#);
+        let r = g
+            .client
+            .post(format!("{}/memories", g.proxy))
+            .header("content-type", "application/json")
+            .body(twice)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let p: Value = r.json().await.unwrap();
+        assert_problem(status, &p, 400, "invalid_body");
+        assert!(p["detail"].as_str().unwrap().contains("twice"), "{p}");
+        assert!(
+            up.requests("POST", "/memories").is_empty(),
+            "nothing reached the store"
+        );
+        // The gate goes on serving.
+        let r = send(
+            &g,
+            "POST",
+            "/memories",
+            Some(json!({"id": "ok", "text": BENIGN})),
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+        assert_eq!(up.requests("POST", "/memories").len(), 1);
+    }
+}
+
+/// Sends raw bytes to the proxy and reads the answer until the gate closes (or 5 s pass).
+async fn raw_exchange(addr: &str, bytes: &[u8], half_close: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    if half_close {
+        s.shutdown().await.unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[tokio::test]
 async fn upstream_failures_and_oversized_bodies_are_problems() {
     for b in backends() {

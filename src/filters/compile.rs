@@ -52,6 +52,7 @@ const PACK_FIELDS: &[&str] = &[
     "annotation",
     "annotation_key",
     "uuid_ids",
+    "uuid_collections",
 ];
 const SHAPE_FIELDS: &[&str] = &[
     "layout", "records", "id", "text", "metadata", "parallel", "exclude", "scan",
@@ -363,6 +364,7 @@ struct PackDefaults {
     annotation: AnnotationStyle,
     annotation_key: String,
     uuid_ids: bool,
+    uuid_collections: bool,
 }
 
 /// What is known of a route for the pack-wide checks, even when the route itself failed.
@@ -486,6 +488,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
     let annotation_key =
         annotation_key(ctx, t, "pack").unwrap_or_else(|| DEFAULT_ANNOTATION_KEY.to_string());
     let uuid_ids = ctx.opt_bool(t, "pack", "uuid_ids").unwrap_or(false);
+    let uuid_collections = ctx.opt_bool(t, "pack", "uuid_collections").unwrap_or(false);
     if ctx.errors.len() != before {
         return None;
     }
@@ -495,6 +498,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
         annotation,
         annotation_key,
         uuid_ids,
+        uuid_collections,
     })
 }
 
@@ -806,6 +810,7 @@ fn compile_route(
         annotation,
         annotation_key,
         uuid_ids: defaults.is_some_and(|d| d.uuid_ids),
+        uuid_collections: defaults.is_some_and(|d| d.uuid_collections),
         collection,
         id_param,
         method: method.as_str(),

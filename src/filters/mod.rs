@@ -183,6 +183,11 @@ pub struct CompiledRoute {
     /// record and answers it in canonical form (Qdrant, Weaviate), so the gate keys its trace
     /// by the canonical form too.
     pub uuid_ids: bool,
+    /// The pack's `uuid_collections`: the store reads a collection id that is a UUID in any
+    /// spelling as one collection (Chroma's collection ids), so the gate keys traces by the
+    /// canonical form: otherwise `…/collections/{ID}/get` in upper case would read the records
+    /// of the collection past the traces their writes left under the lower-case id.
+    pub uuid_collections: bool,
     pub collection: Option<CollectionRef>,
     /// A path parameter that names the record when the body does not (`DELETE /x/{id}`).
     pub id_param: Option<String>,

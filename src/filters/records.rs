@@ -467,7 +467,7 @@ impl CompiledRoute {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                let v = serde_json::from_slice(line).map_err(|e| ExtractError::InvalidNdjson {
+                let v = strict_json(line).map_err(|e| ExtractError::InvalidNdjson {
                     line: i + 1,
                     message: e.to_string(),
                 })?;
@@ -478,7 +478,7 @@ impl CompiledRoute {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
         }
-        serde_json::from_slice(bytes).map_err(|e| ExtractError::InvalidJson(e.to_string()))
+        strict_json(bytes).map_err(|e| ExtractError::InvalidJson(e.to_string()))
     }
 
     /// Serializes a (rewritten) body in the route's wire format.
@@ -847,5 +847,107 @@ fn retain_column(v: &mut Value, keep: &[bool]) {
             }
         }
         _ => {}
+    }
+}
+
+/// Parses JSON as `serde_json::from_slice` does, but refuses an object that names a member
+/// twice. Parsers disagree on which of two members wins (serde_json keeps the last, others the
+/// first, Chroma refuses the body): a body the gate judged one way must not reach a store that
+/// reads it another, so a write body with a duplicate member is the client's mistake (400).
+pub fn strict_json(bytes: &[u8]) -> Result<Value, serde_json::Error> {
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let v = Strict.deserialize(&mut de)?;
+    de.end()?;
+    Ok(v)
+}
+
+/// A [`Value`] whose objects name each member once (see [`strict_json`]).
+struct Strict;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Strict {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Strict {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(v) = seq.next_element_seed(Strict)? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format_args!(
+                    "member {key:?} appears twice in one object"
+                )));
+            }
+            let v = map.next_value_seed(Strict)?;
+            out.insert(key, v);
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+#[cfg(test)]
+mod strict_tests {
+    use super::strict_json;
+    use serde_json::json;
+
+    #[test]
+    fn strict_json_reads_what_serde_json_reads_and_refuses_duplicate_members() {
+        for text in [
+            r#"{"ids":["a"],"documents":["x"],"n":[1,-2,3.5,1e3,null,true,{"a":{"b":[]}}]}"#,
+            r#"[{"a":1},{"a":2}]"#,
+            r#""\u00e9\n""#,
+            "18446744073709551615",
+            "-9223372036854775808",
+        ] {
+            let ours = strict_json(text.as_bytes()).unwrap();
+            let theirs: serde_json::Value = serde_json::from_str(text).unwrap();
+            assert_eq!(ours, theirs, "{text}");
+        }
+        assert_eq!(strict_json(b"{}").unwrap(), json!({}));
+        for dup in [
+            r#"{"documents":["poison"],"documents":["benign"]}"#,
+            r#"{"ids":["a"],"metadatas":[{"k":1,"k":2}]}"#,
+            r#"{"a":1,"\u0061":2}"#,
+        ] {
+            let e = strict_json(dup.as_bytes()).unwrap_err().to_string();
+            assert!(e.contains("appears twice"), "{dup}: {e}");
+        }
+        assert!(strict_json(b"{} x").is_err());
+        assert!(strict_json(b"[1,]").is_err());
     }
 }

@@ -17,7 +17,8 @@ pub struct RouteTable {
     index: [Vec<Vec<u32>>; Method::COUNT],
 }
 
-/// A request matched to a route, with its path parameters (raw, not percent-decoded).
+/// A request matched to a route, with its path parameters (percent-decoded, as the stores'
+/// routers decode them: `…/collections/a%62c` names collection `abc`).
 #[derive(Debug, Clone)]
 pub struct RouteMatch<'a> {
     pub route: &'a CompiledRoute,
@@ -155,7 +156,12 @@ impl RouteTable {
                     .iter()
                     .zip(rest.split('/'))
                     .filter_map(|(s, v)| match s {
-                        Segment::Param(name) => Some((name.as_str(), v.to_string())),
+                        Segment::Param(name) => Some((
+                            name.as_str(),
+                            percent_encoding::percent_decode_str(v)
+                                .decode_utf8_lossy()
+                                .into_owned(),
+                        )),
                         Segment::Literal(_) => None,
                     })
                     .collect();
@@ -236,6 +242,17 @@ impl<'a> RouteMatch<'a> {
 
     /// The collection the request writes to or reads from, as the pack says where to find it.
     pub fn collection(&self, body: &Value) -> Option<String> {
+        let named = self.named_collection(body)?;
+        if self.route.uuid_collections {
+            if let Ok(u) = uuid::Uuid::try_parse(&named) {
+                return Some(u.hyphenated().to_string());
+            }
+        }
+        Some(named)
+    }
+
+    /// The collection as the request spells it.
+    fn named_collection(&self, body: &Value) -> Option<String> {
         match self.route.collection.as_ref()? {
             CollectionRef::Param(p) => self.param(p).map(str::to_string),
             CollectionRef::Query(_) => self.query_collection.clone(),

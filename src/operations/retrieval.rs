@@ -39,11 +39,25 @@ async fn candidate_trace(
             tries.push(s.signal.trace_id);
         }
     }
-    tries.push(record_trace_id(collection, id));
-    // A record of a store that keys UUID ids by their canonical spelling (a pack's `uuid_ids`).
-    let canonical = crate::kernel::operations::retrieval::record_trace_id_of(collection, id, true);
-    if !tries.contains(&canonical) {
-        tries.push(canonical);
+    // The collection as named, and in canonical form when it is a UUID (a pack's
+    // `uuid_collections`: Chroma keys a collection id in any spelling as one collection); the
+    // record id as named, and canonical for stores that key UUID ids so (a pack's `uuid_ids`).
+    let canonical_collection = collection
+        .and_then(|c| Uuid::try_parse(c).ok())
+        .map(|u| u.hyphenated().to_string());
+    let mut collections = vec![collection];
+    if canonical_collection.as_deref() != collection && canonical_collection.is_some() {
+        collections.push(canonical_collection.as_deref());
+    }
+    for c in collections {
+        for t in [
+            record_trace_id(c, id),
+            crate::kernel::operations::retrieval::record_trace_id_of(c, id, true),
+        ] {
+            if !tries.contains(&t) {
+                tries.push(t);
+            }
+        }
     }
     for t in tries {
         if let Some(row) = state.store.trace_row(tenant, t).await? {

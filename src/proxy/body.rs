@@ -85,3 +85,30 @@ pub async fn read_whole(
     }
     Ok(first.unwrap_or_else(|| rest.freeze()))
 }
+
+/// A body that could not be read: malformed framing (a bad chunk size, a short
+/// `Content-Length` body) or a client that broke off. The client's fault, not the upstream's:
+/// answered 400 problem+json if the client is still there (nothing was sent upstream), the
+/// connection closed, and nothing logged above debug (a 502 and an ERROR line, as Pingora
+/// answers an error from `request_filter`, told operators the store was down).
+pub async fn refuse_unreadable(
+    session: &mut Session,
+    e: &pingora_core::Error,
+) -> pingora_core::Result<bool> {
+    tracing::debug!(error = %e, "request body could not be read");
+    session.set_keepalive(None);
+    let detail = format!(
+        "the request body could not be read ({}); nothing was sent to the store",
+        e.etype().as_str()
+    );
+    let _ = super::problem::write_problem(
+        session,
+        400,
+        "invalid_body",
+        &detail,
+        serde_json::Value::Null,
+        &[],
+    )
+    .await;
+    Ok(true)
+}

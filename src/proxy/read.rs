@@ -58,7 +58,7 @@ pub async fn handle(
             write_problem(session, 408, "request_timeout", detail, Value::Null, &[]).await?;
             return Ok(true);
         }
-        Err(BodyError::Read(e)) => return Err(e),
+        Err(BodyError::Read(e)) => return super::body::refuse_unreadable(session, &e).await,
     };
     let req = session.req_header();
     let tenant = identity::tenant_of(&cfg.proxy, &rt, &req.headers).ok();

@@ -98,7 +98,7 @@ pub async fn handle(
             write_problem(session, 408, "request_timeout", detail, Value::Null, &[]).await?;
             return Ok(true);
         }
-        Err(BodyError::Read(e)) => return Err(e),
+        Err(BodyError::Read(e)) => return body::refuse_unreadable(session, &e).await,
     };
 
     let fail_open = fail_open_route(&rt, &m);
