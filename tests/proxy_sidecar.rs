@@ -612,6 +612,64 @@ async fn unreadable_and_ambiguous_bodies_are_refused_and_never_forwarded() {
     }
 }
 
+/// Writes pipelined on one keep-alive connection (sent before the first answer arrives) are
+/// each judged and answered in order; they used to be dropped after the first answer (the
+/// connection closed although that answer said keep-alive).
+#[tokio::test]
+async fn pipelined_writes_are_each_judged_and_answered_in_order() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |_| {}).await;
+        let addr = g.proxy.trim_start_matches("http://").to_string();
+        let request = |id: &str, text: &str| {
+            let body = json!({"id": id, "text": text}).to_string();
+            format!(
+                "POST /memories HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        let all = [
+            request("p1", HIDDEN),
+            request("p2", BENIGN),
+            "GET /memories/p2 HTTP/1.1\r\nHost: x\r\n\r\n".to_string(),
+        ]
+        .concat();
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(all.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 16384];
+        // Until the three answers are in, or the gate goes quiet for 2 s.
+        while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out);
+            if text.matches("HTTP/1.1 ").count() == 3 && text.ends_with('}') {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&out).to_string();
+        // Status codes in answer order (a body is not followed by a line break).
+        let statuses: Vec<&str> = text
+            .match_indices("HTTP/1.1 ")
+            .map(|(i, m)| &text[i + m.len()..i + m.len() + 3])
+            .collect();
+        assert_eq!(statuses.len(), 3, "{text}");
+        assert!(matches!(statuses[0], "403" | "202"), "{text}");
+        assert_eq!(&statuses[1..], ["201", "200"], "{text}");
+        let forwarded = up.requests("POST", "/memories");
+        assert_eq!(
+            forwarded.len(),
+            1,
+            "only the benign write reached the store"
+        );
+        assert_eq!(forwarded[0].json()["id"], "p2");
+    }
+}
+
 /// Sends raw bytes to the proxy and reads the answer until the gate closes (or 5 s pass).
 async fn raw_exchange(addr: &str, bytes: &[u8], half_close: bool) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -68,6 +68,19 @@ impl ProxyHttp for GateProxy {
         Ctx::default()
     }
 
+    /// HTTP/1.1 pipelining on (Pingora's default is off: a request sent before the answer to
+    /// the previous one was dropped, and the connection closed after an answer that said
+    /// `keep-alive`, so a client could not tell whether its pipelined write happened). Requests
+    /// are served one after the other, answers in request order (RFC 9112 §9.3.2).
+    async fn early_request_filter(
+        &self,
+        session: &mut Session,
+        _ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        session.downstream_session.set_pipelining_enabled(true);
+        Ok(())
+    }
+
     /// Governed writes and treated reads are answered here (`Ok(true)`); everything else
     /// continues to `upstream_peer`.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
