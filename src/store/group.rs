@@ -360,6 +360,40 @@ mod tests {
         }
     }
 
+    /// A source's record as the proxy's basis reads it (counted by the database, several
+    /// sources in one query) is the record `source_history` reads row by row: the last
+    /// `window` receipts of the source and how many of them refused.
+    #[tokio::test]
+    async fn the_batched_source_record_counts_what_source_history_counts() {
+        for (store, _dir) in crate::store::testing::stores().await {
+            let tenant = Uuid::new_v4();
+            let mut writes = Vec::new();
+            for n in 0..30 {
+                let mut w = receipt(tenant, n);
+                w.source_id = Some(if n % 3 == 0 { "s2" } else { "s1" }.into());
+                w.refused = n % 4 == 1 || n >= 25;
+                writes.push(w);
+            }
+            store
+                .commit_receipts(tenant, &[], writes, Vec::new())
+                .await
+                .unwrap();
+            let sources: Vec<(String, i64)> = [("s1", 20), ("s2", 20), ("s1", 3), ("nobody", 20)]
+                .iter()
+                .map(|(s, w)| (s.to_string(), *w))
+                .collect();
+            let (_, batched) = store.bases_of(tenant, &[], &sources).await.unwrap();
+            let mut alone = Vec::new();
+            for (s, w) in &sources {
+                alone.push(store.source_history(tenant, s, *w).await.unwrap());
+            }
+            assert_eq!(batched, alone);
+            assert_eq!(alone[3], (0, 0));
+            assert_eq!(alone[2], (3, 3), "the last three of s1 all refused");
+            assert_eq!(alone[1].0, 10);
+        }
+    }
+
     fn insert(table: &'static str, n: i64) -> Stmt {
         Stmt::Insert {
             table,
