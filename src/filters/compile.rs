@@ -53,6 +53,7 @@ const PACK_FIELDS: &[&str] = &[
     "annotation_key",
     "uuid_ids",
     "uuid_collections",
+    "capitalized_collections",
 ];
 const SHAPE_FIELDS: &[&str] = &[
     "layout", "records", "id", "text", "metadata", "parallel", "exclude", "scan",
@@ -365,6 +366,7 @@ struct PackDefaults {
     annotation_key: String,
     uuid_ids: bool,
     uuid_collections: bool,
+    capitalized_collections: bool,
 }
 
 /// What is known of a route for the pack-wide checks, even when the route itself failed.
@@ -489,6 +491,9 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
         annotation_key(ctx, t, "pack").unwrap_or_else(|| DEFAULT_ANNOTATION_KEY.to_string());
     let uuid_ids = ctx.opt_bool(t, "pack", "uuid_ids").unwrap_or(false);
     let uuid_collections = ctx.opt_bool(t, "pack", "uuid_collections").unwrap_or(false);
+    let capitalized_collections = ctx
+        .opt_bool(t, "pack", "capitalized_collections")
+        .unwrap_or(false);
     if ctx.errors.len() != before {
         return None;
     }
@@ -499,6 +504,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
         annotation_key,
         uuid_ids,
         uuid_collections,
+        capitalized_collections,
     })
 }
 
@@ -811,6 +817,7 @@ fn compile_route(
         annotation_key,
         uuid_ids: defaults.is_some_and(|d| d.uuid_ids),
         uuid_collections: defaults.is_some_and(|d| d.uuid_collections),
+        capitalized_collections: defaults.is_some_and(|d| d.capitalized_collections),
         collection,
         id_param,
         method: method.as_str(),

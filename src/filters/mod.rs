@@ -188,6 +188,10 @@ pub struct CompiledRoute {
     /// canonical form: otherwise `…/collections/{ID}/get` in upper case would read the records
     /// of the collection past the traces their writes left under the lower-case id.
     pub uuid_collections: bool,
+    /// The pack's `capitalized_collections`: the store upper-cases the first letter of a
+    /// collection name (Weaviate class names: `article` is class `Article`), so the gate keys
+    /// traces by the capitalized name.
+    pub capitalized_collections: bool,
     pub collection: Option<CollectionRef>,
     /// A path parameter that names the record when the body does not (`DELETE /x/{id}`).
     pub id_param: Option<String>,

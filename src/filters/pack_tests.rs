@@ -952,6 +952,22 @@ fn chroma_collection_ids_are_keyed_by_their_canonical_spelling() {
         .unwrap();
     assert_eq!(q.route.pack, "qdrant");
     assert_eq!(q.collection(&Value::Null).as_deref(), Some("Docs-v2"));
+    // Weaviate class names: the first letter is the store's upper case.
+    let w = t
+        .match_route(
+            "PUT",
+            "/v1/objects/article/3f0c6a52-6a3c-4c7e-9d7a-5d2f0c1e9a11",
+        )
+        .unwrap();
+    assert_eq!(w.route.pack, "weaviate");
+    assert_eq!(w.collection(&Value::Null).as_deref(), Some("Article"));
+    let batch = t.match_route("POST", "/v1/batch/objects").unwrap();
+    assert_eq!(
+        batch
+            .collection(&json!({"objects": [{"class": "article"}]}))
+            .as_deref(),
+        Some("Article")
+    );
     assert!(route(&t, "chroma", "add").uuid_collections);
     assert!(!route(&t, "qdrant", "upsert_points").uuid_collections);
 }

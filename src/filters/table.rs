@@ -248,6 +248,12 @@ impl<'a> RouteMatch<'a> {
                 return Some(u.hyphenated().to_string());
             }
         }
+        if self.route.capitalized_collections {
+            let mut chars = named.chars();
+            if let Some(first) = chars.next().filter(|c| c.is_lowercase()) {
+                return Some(first.to_uppercase().chain(chars).collect());
+            }
+        }
         Some(named)
     }
 
