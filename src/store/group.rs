@@ -360,6 +360,36 @@ mod tests {
         }
     }
 
+    /// The WAL checkpointer (its own connection, every 10 ms while the log grows) copies the
+    /// log back into the database beside the writer: shortly after a burst of group commits
+    /// the database file holds their pages, though no commit came near the writer's own
+    /// auto-checkpoint threshold (64 MiB of log) and nobody else asked for a checkpoint.
+    #[tokio::test]
+    async fn the_checkpointer_copies_the_log_into_the_database() {
+        let (store, dir) = crate::store::testing::stores().await.swap_remove(0);
+        let db = dir.path().join("t.db");
+        let size = || std::fs::metadata(&db).unwrap().len();
+        // Let the start-up's checkpoints settle, then measure.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let before = size();
+        let tenant = Uuid::new_v4();
+        let many = (0..300).map(|n| {
+            store.commit_receipts_grouped(tenant, &[], vec![receipt(tenant, n)], Vec::new())
+        });
+        for r in futures::future::join_all(many).await {
+            r.unwrap();
+        }
+        let mut after = before;
+        for _ in 0..50 {
+            tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+            after = size();
+            if after > before {
+                break;
+            }
+        }
+        assert!(after > before, "database file {before} -> {after} bytes");
+    }
+
     /// A source's record as the proxy's basis reads it (counted by the database, several
     /// sources in one query) is the record `source_history` reads row by row: the last
     /// `window` receipts of the source and how many of them refused.
