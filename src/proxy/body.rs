@@ -16,13 +16,16 @@ pub enum BodyError {
     Read(Box<pingora_core::Error>),
 }
 
+/// `Expect: 100-continue` from an HTTP/1.1 (or later) client; an HTTP/1.0 client's is ignored
+/// (RFC 9110 §10.1.1: it cannot understand an interim answer).
 fn expects_continue(session: &Session) -> bool {
-    session
-        .req_header()
-        .headers
-        .get(http::header::EXPECT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
+    let req = session.req_header();
+    req.version >= http::Version::HTTP_11
+        && req
+            .headers
+            .get(http::header::EXPECT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
 }
 
 /// Reads the whole request body. After an error, the connection is not reused (the body was
