@@ -670,6 +670,33 @@ async fn pipelined_writes_are_each_judged_and_answered_in_order() {
     }
 }
 
+/// `Expect: 100-continue` gets its interim answer from an HTTP/1.1 client only: an HTTP/1.0
+/// client cannot read one (RFC 9110 §10.1.1), its body is simply waited for.
+#[tokio::test]
+async fn expect_continue_is_answered_to_http_1_1_clients_only() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = Upstream::start(memory_store).await;
+    let g = gate_for(Backend::Sqlite, &up, |_| {}).await;
+    let addr = g.proxy.trim_start_matches("http://").to_string();
+    for (version, interim) in [("HTTP/1.0", false), ("HTTP/1.1", true)] {
+        let body = json!({"id": format!("e-{version}"), "text": BENIGN}).to_string();
+        let head = format!(
+            "POST /memories {version}\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        s.write_all(body.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(text.contains(" 100 Continue"), interim, "{version}: {text}");
+        assert!(text.contains(" 201 "), "{version}: {text}");
+    }
+}
+
 /// Sends raw bytes to the proxy and reads the answer until the gate closes (or 5 s pass).
 async fn raw_exchange(addr: &str, bytes: &[u8], half_close: bool) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
