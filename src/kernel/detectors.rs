@@ -403,7 +403,7 @@ macro_rules! steering_verb {
 /// update:", "standing instruction", "note to self (persist)", "the user has authorized you").
 macro_rules! memory_marker {
     () => {
-        r#"\bremember[ \t]*(?:that\b|this\b|:)|\bmemory(?:[ \t]+(?:update|note|entry|item))?[ \t]*:|\[memory\]|\blong[ -]term[ \t]+memory|\buser[ \t]+(?:preference|trait|fact|profile|setting)s?[ \t]*(?:\((?:saved|stored)\))?[ \t]*:|\bsave[ \t]+(?:this|it)[ \t]+as[ \t]+a[ \t]+(?:user[ \t]+)?(?:preference|fact|memory)|\bsaved[ \t]+(?:context|preference|memory|note|instruction)s?\b|\bstanding[ \t]+(?:instruction|order|preference|rule)s?\b|\bpersistent[ \t]+(?:note|preference|instruction|memory|rule)s?\b|\bfacts?[ \t]+to[ \t]+(?:store|remember|save)|\bprofile[ \t]+(?:note|update)s?\b|\bknown[ \t]+facts?[ \t]+about\b|\bnote[ \t]+to[ \t]+remember\b|\bfor[ \t]+all[ \t]+(?:future|later|subsequent)[ \t]+(?:sessions?|conversations?|requests?|chats?|interactions?)\b|\bfrom[ \t]+now[ \t]+on\b|\bprevious[ \t]+session[ \t]+summary\b|\bthe[ \t]+user[ \t]+(?:has[ \t]+|had[ \t]+)?(?:already[ \t]+)?(?:authori[sz]ed|pre-?approved|consented|agreed|allowed|permitted|asked)[ \t]+(?:you|me|the[ \t]+(?:assistant|agent|bot|ai|model))\b|\bthe[ \t]+user[ \t]+(?:has[ \t]+)?told[ \t]+(?:me|you|us)\b|\bremember[ \t]+for[ \t]+(?:future|later|all|next)\b|\bpersist(?:ed)?[ \t]*(?:\)|:|this\b|the[ \t]+following\b)|\bsave[ \t]+(?:this[ \t]+)?to[ \t]+(?:long[ -]term[ \t]+)?memory\b|\bstore[ \t]+(?:this|it)[ \t]+as\b|\bkeep[ \t]+in[ \t]+mind[ \t]+for\b|\b(?:long[ -]term|important)[ \t]+(?:note|context|fact)s?\b|\bcontext[ \t]+to[ \t]+keep\b|\blearned[ \t]+preference|(?m:^)[ \t]*fact[ \t]*:|\bthe[ \t]+user[ \t]+has[ \t]+(?:already[ \t]+)?(?:authori[sz]ed|pre-?approved|consented[ \t]+to|given[ \t]+(?:standing[ \t]+)?permission)"#
+        r#"\bremember[ \t]*(?:that\b|this\b|:)|\bmemory(?:[ \t]+(?:update|note|entry|item))?[ \t]*:|\[memory\]|\blong[ -]term[ \t]+memory|\buser[ \t]+(?:preference|trait|fact|profile|setting)s?[ \t]*(?:\((?:saved|stored)\))?[ \t]*:|\bsave[ \t]+(?:this|it)[ \t]+as[ \t]+a[ \t]+(?:user[ \t]+)?(?:preference|fact|memory)|\bsaved[ \t]+(?:context|preference|memory|note|instruction)s?\b|\bstanding[ \t]+(?:instruction|order|preference|rule)s?\b|\bpersistent[ \t]+(?:note|preference|instruction|memory|rule)s?\b|\bfacts?[ \t]+to[ \t]+(?:store|remember|save)|\bprofile[ \t]+(?:note|update)s?\b|\bknown[ \t]+facts?[ \t]+about\b|\bnote[ \t]+to[ \t]+remember\b|\bfor[ \t]+all[ \t]+(?:future|later|subsequent)[ \t]+(?:sessions?|conversations?|requests?|chats?|interactions?)\b|\bfrom[ \t]+now[ \t]+on\b|\bprevious[ \t]+session[ \t]+summary\b|\bthe[ \t]+user[ \t]+(?:has[ \t]+|had[ \t]+)?(?:already[ \t]+)?(?:authori[sz]ed|pre-?approved|consented|agreed|allowed|permitted|asked)[ \t]+(?:you|me|the[ \t]+(?:assistant|agent|bot|ai|model))\b|\bthe[ \t]+user[ \t]+(?:has[ \t]+)?told[ \t]+(?:me|you|us)\b|\bremember[ \t]+for[ \t]+(?:future|later|all|next)\b|\bpersist(?:ed)?[ \t]*(?:\)|:|this\b|the[ \t]+following\b)|\bsave[ \t]+(?:this[ \t]+)?to[ \t]+(?:long[ -]term[ \t]+)?memory\b|\bstore[ \t]+(?:this|it)[ \t]+as\b|\bkeep[ \t]+in[ \t]+mind[ \t]+for\b|\b(?:long[ -]term|important)[ \t]+(?:note|context|fact)s?\b|\bcontext[ \t]+to[ \t]+keep\b|\blearned[ \t]+preference|(?m:^)[ \t]*fact[ \t]?:|\bthe[ \t]+user[ \t]+has[ \t]+(?:already[ \t]+)?(?:authori[sz]ed|pre-?approved|consented[ \t]+to|given[ \t]+(?:standing[ \t]+)?permission)"#
     };
 }
 /// The consequential action a memory entry plants (pay, share, skip a check, a payee).
@@ -1715,10 +1715,14 @@ const RULES: &[RuleSpec] = &[
             "keep in mind",
             "long-term",
             "long term",
-            "important",
+            "important note",
+            "important context",
+            "important fact",
             "context to keep",
             "learned preference",
-            "fact",
+            "fact:",
+            "fact :",
+            "fact\t:",
             "all later",
             "all subsequent",
         ]),
@@ -2067,8 +2071,8 @@ const RULES: &[RuleSpec] = &[
     // languages ------------------------------------------------------------------------------
     RuleSpec {
         reason: Reason::InjectionRoleMarker,
-        pattern: r#"(?im)(?:"role"[ \t]*:[ \t]*"(?:system|developer)"[ \t]*,[ \t]*"content"[ \t]*:[ \t]*"|^[ \t]*-?[ \t]*role[ \t]*:[ \t]*(?:system|developer)[ \t]*\n[ \t]*content[ \t]*:|^#{2,3}[ \t]*(?:instruction|system)[ \t]*:?[ \t]*\n)[^\n"]{0,200}?\b(?:approve|disable|reveal|share|export|forward|send|grant|transfer|delete|ignore|disregard|bypass|skip|comply|unfiltered|unrestricted|uncensored|without|never[ \t]+(?:mention|tell|ask|warn|refuse)|from[ \t]+(?:this|now)|answer[ \t]+every)\b"#,
-        gate: Gate::Anchors(&["role", "instruction", "system"]),
+        pattern: r#"(?im)(?:"role"[ \t]*:[ \t]*"(?:system|developer)"[ \t]*,[ \t]*"content"[ \t]*:[ \t]*"|^[ \t]*-?[ \t]*role[ \t]?:[ \t]*(?:system|developer)[ \t]*\n[ \t]*content[ \t]*:|^#{2,3}[ \t]*(?:instruction|system)[ \t]*:?[ \t]*\n)[^\n"]{0,200}?\b(?:approve|disable|reveal|share|export|forward|send|grant|transfer|delete|ignore|disregard|bypass|skip|comply|unfiltered|unrestricted|uncensored|without|never[ \t]+(?:mention|tell|ask|warn|refuse)|from[ \t]+(?:this|now)|answer[ \t]+every)\b"#,
+        gate: Gate::Anchors(&["\"role\"", "role:", "role :", "role\t:", "##"]),
         check: Check::NotDescribed,
         detail: "a fake system or developer turn that gives orders",
     },
@@ -2090,11 +2094,19 @@ const RULES: &[RuleSpec] = &[
             privileged_call!(),
             r#"[ \t]*\n[ \t]*action[ \t]+input[ \t]*:|\[\[[ \t]*(?:call|tool|function)[ \t]*:[ \t]*"#,
             privileged_call!(),
-            r#"[ \t]*\(|^[ \t]*tool[ \t]*:[ \t]*"#,
+            r#"[ \t]*\(|^[ \t]*tool[ \t]?:[ \t]*"#,
             privileged_call!(),
             r#"[ \t]*\("#
         ),
-        gate: Gate::Anchors(&["tool_call", "function_call", "action input", "[[", "tool"]),
+        gate: Gate::Anchors(&[
+            "tool_call",
+            "function_call",
+            "action input",
+            "[[",
+            "tool:",
+            "tool :",
+            "tool\t:",
+        ]),
         check: Check::Any,
         detail: "a planted tool call that changes access, money, data or messages",
     },
@@ -2151,7 +2163,7 @@ const RULES: &[RuleSpec] = &[
     },
     RuleSpec {
         reason: Reason::InjectionImperative,
-        pattern: r#"(?im)(?:^|[.!?(\[])[ \t]*(?:(?:nota|note|hinweis|remarque|aviso|avviso|notiz)[ \t]+)?(?:fur|für|an|para|per|pour|a[ \t]+l['’]intention[ \t]+de|à[ \t]+l['’]intention[ \t]+de|al|ao|à|a|voor|till|dla|do)[ \t]+(?:(?:das|den|die|der|el|la|il|lo|le|les|o|os|de|het|l['’])[ \t]*)?(?:(?:ki|ai|ia)[ \t-]*)?(?:assistent\w*|asistente\w*|assistente\w*|assistant\w*|asystent\w*|agent\w*|agente\w*|sprachmodell\w*|modell\w*|modelo\w*|modele|modèle|modello|ia|ki|chatbot\w*|bot\w*)(?:[ \t]+(?:virtual\w*|de[ \t]+ia|di[ \t]+ia|da[ \t]+ia|ki|ia|ai|linguistico|de[ \t]+linguagem|językow\w*))?[ \t]*[:：]|(?:^|[.!?\n])[ \t]*(?:ассистенту|помощнику|агенту|боту|модели|ии)(?:[ \t]+\w+)?[ \t]*[:,]|\b(?:yapay[ \t]+zek[aâ]|ai)[ \t]+asistan\w*[ \t]+not\b|(?:^|[.!?\n])[ \t]*(?:asistente|assistente|assistent|assistant)[ \t]*,[ \t]*(?:olvida|ignora|vergiss|ignoriere|oublie|dimentica|esquece)\b"#,
+        pattern: r#"(?im)(?:^|[.!?(\[])[ \t]*(?:(?:nota|note|hinweis|remarque|aviso|avviso|notiz)[ \t]+)?(?:fur|für|an|para|per|pour|a[ \t]+l['’]intention[ \t]+de|à[ \t]+l['’]intention[ \t]+de|al|ao|à|a|voor|till|dla|do)[ \t]+(?:(?:das|den|die|der|el|la|il|lo|le|les|o|os|de|het|l['’])[ \t]*)?(?:(?:(?:ki|ai|ia)[ \t-]*)?(?:assistent\w*|asistente\w*|assistente\w*|assistant\w*|asystent\w*|agent\w*|agente\w*|sprachmodell\w*|modell\w*|modelo\w*|modele|modèle|modello|chatbot\w*|bot\w*)(?:[ \t]+(?:virtual\w*|de[ \t]+ia|di[ \t]+ia|da[ \t]+ia|ki|ia|ai|linguistico|de[ \t]+linguagem|językow\w*))?[ \t]*|(?:ia|ki)[ \t]?)[:：]|(?:^|[.!?\n])[ \t]*(?:ассистенту|помощнику|агенту|боту|модели|ии)(?:[ \t]+\w+)?[ \t]*[:,]|\b(?:yapay[ \t]+zek[aâ]|ai)[ \t]+asistan\w*[ \t]+not\b|(?:^|[.!?\n])[ \t]*(?:asistente|assistente|assistent|assistant)[ \t]*,[ \t]*(?:olvida|ignora|vergiss|ignoriere|oublie|dimentica|esquece)\b"#,
         gate: Gate::Anchors(&[
             "assist",
             "asystent",
@@ -2160,8 +2172,12 @@ const RULES: &[RuleSpec] = &[
             "modelo",
             "modele",
             "modèle",
-            "ia",
-            "ki",
+            "ia:",
+            "ia :",
+            "ia：",
+            "ki:",
+            "ki :",
+            "ki：",
             "bot",
             "ассистент",
             "помощник",
