@@ -56,7 +56,7 @@ const PACK_FIELDS: &[&str] = &[
     "capitalized_collections",
 ];
 const SHAPE_FIELDS: &[&str] = &[
-    "layout", "records", "id", "text", "metadata", "parallel", "exclude", "scan",
+    "layout", "records", "id", "id_alias", "text", "metadata", "parallel", "exclude", "scan",
 ];
 const ROUTE_ONLY_FIELDS: &[&str] = &[
     "name",
@@ -934,6 +934,7 @@ fn compile_shape(
         });
     let records = ctx.opt_pointer(t, path, "records");
     let id = ctx.opt_pointer(t, path, "id");
+    let id_alias = ctx.opt_pointer(t, path, "id_alias");
     let text = ctx.opt_pointer(t, path, "text");
     let metadata = ctx.opt_pointer(t, path, "metadata");
     let parallel = ctx.opt_pointer_list(t, path, "parallel");
@@ -943,9 +944,9 @@ fn compile_shape(
     let layout = layout?;
     let unused: &[&str] = match layout {
         Layout::None => &[
-            "records", "id", "text", "metadata", "parallel", "exclude", "scan",
+            "records", "id", "id_alias", "text", "metadata", "parallel", "exclude", "scan",
         ],
-        Layout::Columnar => &["records", "exclude"],
+        Layout::Columnar => &["records", "exclude", "id_alias"],
         Layout::Rows | Layout::Single => &["parallel"],
         Layout::Ndjson => &["records", "parallel"],
     };
@@ -994,6 +995,7 @@ fn compile_shape(
         layout,
         records: records.unwrap_or(root),
         id,
+        id_alias,
         text,
         metadata,
         lockstep,

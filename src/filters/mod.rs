@@ -92,6 +92,9 @@ pub struct Shape {
     /// The array of rows (`rows`) or the one record (`single`); the root otherwise.
     pub records: Pointer,
     pub id: Option<Pointer>,
+    /// Where the id is when `id` names nothing (`rows`, `single`, `ndjson`): a store that
+    /// accepts two spellings of the id member (Pinecone records: `_id` or `id`).
+    pub id_alias: Option<Pointer>,
     pub text: Option<Pointer>,
     pub metadata: Option<Pointer>,
     /// `columnar` only: every array filtered in lockstep with the ids (id, text and metadata

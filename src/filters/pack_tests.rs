@@ -739,6 +739,11 @@ fn pinecone_records_ndjson_round_trip() {
         r.parse_body(b"{\"_id\": 1}\nnot json\n"),
         Err(ExtractError::InvalidNdjson { line: 2, .. })
     ));
+    // Pinecone also accepts `id`: such a record is judged under its id (its trace is found by
+    // later reads), and `_id` wins when both are there.
+    let wire = b"{\"id\": \"rec3\", \"chunk_text\": \"pears\"}\n{\"_id\": \"rec4\", \"id\": \"other\"}\n{\"chunk_text\": \"no id\"}\n";
+    let recs = r.extract_records(&r.parse_body(wire).unwrap()).unwrap();
+    assert_eq!(ids(&recs), [Some("rec3"), Some("rec4"), None]);
 }
 
 // ---- Weaviate --------------------------------------------------------------------------

@@ -770,7 +770,8 @@ fn record_of(shape: &Shape, rec: &Value, index: usize) -> Result<Record, Extract
     if !rec.is_object() {
         return Err(ExtractError::RecordNotObject { index });
     }
-    let id = match present(shape.id.as_ref().and_then(|p| p.get(rec))) {
+    let named = |p: &Option<Pointer>| present(p.as_ref().and_then(|p| p.get(rec)));
+    let id = match named(&shape.id).or_else(|| named(&shape.id_alias)) {
         None => None,
         Some(v) => Some(
             id_string(v)
