@@ -213,6 +213,44 @@ async fn qdrant_points_batches_payloads_and_reads() {
         .await;
         assert_eq!(r.status(), 202);
         never_saw_poison(&up);
+        // A payload written under a nested `key` inside the gate's annotations is refused (a
+        // client may not write them), set or overwrite alike; another key passes.
+        for (method, key) in [
+            ("POST", "_integrity"),
+            ("PUT", "_integrity.decision"),
+            ("POST", "_integrity[0].x"),
+        ] {
+            let r = call(
+                &g,
+                method,
+                "/collections/docs/points/payload",
+                json!({"payload": {"decision": "allow"}, "points": [4], "key": key}),
+                &[],
+            )
+            .await;
+            assert_eq!(r.status(), 400, "{method} key {key}");
+            assert_eq!(r.json::<Value>().await.unwrap()["code"], "invalid_body");
+        }
+        assert!(up
+            .requests("PUT", "/collections/docs/points/payload")
+            .is_empty());
+        let before = up
+            .requests("POST", "/collections/docs/points/payload")
+            .len();
+        let r = call(
+            &g,
+            "POST",
+            "/collections/docs/points/payload",
+            json!({"payload": {"colour": "blue"}, "points": [4], "key": "attributes.style"}),
+            &[],
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            up.requests("POST", "/collections/docs/points/payload")
+                .len(),
+            before + 1
+        );
 
         // A delete passes and tombstones the point's trace once Qdrant confirms.
         let r = call(

@@ -72,6 +72,7 @@ const ROUTE_ONLY_FIELDS: &[&str] = &[
     "annotation_key",
     "collection",
     "id_param",
+    "metadata_path",
     "readback",
     "readback_body",
     "readback_query",
@@ -718,6 +719,8 @@ fn compile_route(
         Some(s.to_string())
     });
 
+    let metadata_path = ctx.opt_pointer(t, &path, "metadata_path");
+
     let shape = compile_shape(ctx, t, &node.span, &path, kind, false);
     if let Some(n) = get(t, "annotate") {
         if annotate {
@@ -820,6 +823,7 @@ fn compile_route(
         capitalized_collections: defaults.is_some_and(|d| d.capitalized_collections),
         collection,
         id_param,
+        metadata_path,
         method: method.as_str(),
         template,
         shape,

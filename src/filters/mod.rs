@@ -196,6 +196,10 @@ pub struct CompiledRoute {
     /// traces by the capitalized name.
     pub capitalized_collections: bool,
     pub collection: Option<CollectionRef>,
+    /// A body member naming the nested path (dot-separated) under which the store writes the
+    /// metadata (Qdrant's set-payload `key`). A path into the gate's annotation namespace is
+    /// refused: a client may not write the gate's annotations.
+    pub metadata_path: Option<Pointer>,
     /// A path parameter that names the record when the body does not (`DELETE /x/{id}`).
     pub id_param: Option<String>,
     /// The method and path template as written in the pack.

@@ -167,6 +167,20 @@ pub async fn handle(
             return Ok(true);
         }
     };
+    // A write under a nested path of the metadata (Qdrant's set-payload `key`) may not land in
+    // the gate's annotation namespace: the annotations are the gate's word, not the client's.
+    let nested = route.metadata_path.as_ref().and_then(|p| p.get(&value));
+    if let Some(path) = nested.and_then(Value::as_str) {
+        let first = path.split(['.', '[']).next().unwrap_or("");
+        if first.starts_with(route.annotation_key.as_str()) {
+            let detail = format!(
+                "writes under `{}` are the gate's annotations, not the client's; nothing was sent to the store",
+                route.annotation_key
+            );
+            write_problem(session, 400, "invalid_body", &detail, Value::Null, &[]).await?;
+            return Ok(true);
+        }
+    }
     let collection = m.collection(&value);
     let source = identity::source_of(&cfg.proxy, &session.req_header().headers);
     let request_id = crate::store::new_id();
