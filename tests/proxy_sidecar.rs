@@ -285,7 +285,12 @@ async fn governed_writes_are_forwarded_held_or_refused_and_journaled() {
 async fn quarantine_review_releases_and_rejects() {
     for b in backends() {
         let up = Upstream::start(memory_store).await;
-        let g = gate_for(b, &up, |_| {}).await;
+        // The test moves a trace in the database behind the gate's back (an older version's
+        // hold), and the gate must see it.
+        let g = gate_for(b, &up, |o| {
+            o.storage_extra = "memory_basis_traces = 0".into();
+        })
+        .await;
         g.sql(&format!(
             "INSERT INTO webhook_subscriptions (id, tenant_id, product_surface, event_name, target_url, secret, status, created_at, updated_at) VALUES ('{}', '{DEMO_TENANT}', 'generic', 'quarantine.released', 'http://127.0.0.1:9/hook', 'whsec_dGVzdHRlc3R0ZXN0dGVzdHRlc3R0ZXN0', 'active', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
             uuid::Uuid::new_v4()

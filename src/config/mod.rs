@@ -110,6 +110,10 @@ pub struct StorageConfig {
     /// SQLite `synchronous`: `normal` survives a process crash (WAL), `full` also a power loss.
     #[serde(default = "default_sqlite_sync")]
     pub sqlite_synchronous: String,
+    /// SQLite: the state basis (trace phases, sources' records) is kept in memory up to this
+    /// many traces (50-100 bytes each); past it, or 0, it is read from the database.
+    #[serde(default = "default_memory_basis_traces")]
+    pub memory_basis_traces: usize,
 }
 
 impl Default for StorageConfig {
@@ -119,6 +123,7 @@ impl Default for StorageConfig {
             url_env: None,
             max_connections: default_max_connections(),
             sqlite_synchronous: default_sqlite_sync(),
+            memory_basis_traces: default_memory_basis_traces(),
         }
     }
 }
@@ -425,6 +430,9 @@ fn default_storage_url() -> String {
 }
 fn default_max_connections() -> u32 {
     8
+}
+fn default_memory_basis_traces() -> usize {
+    1_000_000
 }
 fn default_sqlite_sync() -> String {
     "normal".into()

@@ -281,37 +281,9 @@ fn merge_inserts(into: &mut Vec<Stmt>, more: Vec<Stmt>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::receipts::{EventWrite, Finish};
+    use crate::store::testing::receipt;
 
     /// A bare receipt whose `receipt.created` event names it.
-    fn receipt(tenant: Uuid, n: i64) -> ReceiptWrite {
-        let mut content = serde_json::Map::new();
-        content.insert("kind".into(), serde_json::json!("test"));
-        content.insert("n".into(), serde_json::json!(n));
-        ReceiptWrite {
-            tenant,
-            id: crate::store::new_id(),
-            kind: "test".into(),
-            signal_id: None,
-            source_id: None,
-            refused: false,
-            decision: "allow".into(),
-            outcome: "allow".into(),
-            idem_key: None,
-            content: crate::receipts::CanonicalContent::new(content),
-            trace: None,
-            obstruction: None,
-            repair_plan: None,
-            finish: Box::new(|sealed| Finish {
-                result: None,
-                events: vec![EventWrite {
-                    name: "receipt.created".into(),
-                    data: serde_json::json!({"id": sealed.receipt_id}),
-                }],
-            }),
-        }
-    }
-
     async fn deliveries(store: &Store, tenant: Uuid) -> i64 {
         crate::with_pool!(store, read, |p, _d| {
             sqlx::query_scalar::<_, i64>(

@@ -7,6 +7,7 @@
 mod receipts;
 mod basis;
 mod group;
+mod memory;
 mod operations;
 mod proxy;
 #[cfg(test)]
@@ -16,6 +17,7 @@ pub use proxy::*;
 pub use receipts::*;
 
 use crate::config::StorageConfig;
+use crate::kernel::types::{AllowedInfluence, TracePhase};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -79,10 +81,13 @@ pub enum Backend {
     Postgres(PgPool),
 }
 
+#[derive(Clone)]
 pub struct Store {
     pub backend: Backend,
     /// The group committer of proxied receipts and the coalescing reader of their bases.
     batchers: Option<Arc<Batchers>>,
+    /// The state basis kept in memory (SQLite; see [`memory`]).
+    memory: Option<Arc<memory::MemoryBasis>>,
 }
 
 /// The group committer (see [`group`]) and the basis reader (see [`basis`]): their queues, and
@@ -157,6 +162,7 @@ impl Store {
     pub async fn connect(cfg: &StorageConfig) -> Result<Store> {
         let url = cfg.resolved_url().map_err(StoreError::Unavailable)?;
         let acquire = Duration::from_secs(3);
+        let mut memory = None;
         let backend = if url.starts_with("sqlite:") {
             let opts = SqliteConnectOptions::from_str(&url)
                 .map_err(|e| StoreError::Unavailable(format!("bad sqlite url: {e}")))?
@@ -212,6 +218,9 @@ impl Store {
                 .connect_with(opts)
                 .await?;
             tokio::spawn(checkpointer(read.clone(), checkpoint_opts));
+            memory = memory::MemoryBasis::load(&write, cfg.memory_basis_traces)
+                .await?
+                .map(Arc::new);
             Backend::Sqlite { write, read }
         } else {
             let opts = PgConnectOptions::from_str(&url)
@@ -234,9 +243,11 @@ impl Store {
         let unbatched = Store {
             backend: backend.clone(),
             batchers: None,
+            memory: memory.clone(),
         };
         Ok(Store {
             backend,
+            memory,
             batchers: Some(Arc::new(Batchers {
                 group,
                 basis,
@@ -261,11 +272,94 @@ impl Store {
             let again = Store {
                 backend: store.backend.clone(),
                 batchers: None,
+                memory: store.memory.clone(),
             };
             group::start(store, group_inbox);
             basis::start(again, basis_inbox);
             b.started.store(true, std::sync::atomic::Ordering::Release);
         }
+    }
+
+    /// For a commit that writes traces or receipts: held from before it takes the writer
+    /// connection until [`Store::applied`], so the memory basis moves in commit order.
+    async fn basis_order(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.memory {
+            Some(m) => Some(m.order.lock().await),
+            None => None,
+        }
+    }
+
+    /// Runs a commit that moves the memory basis in a task of its own, so that it runs to its
+    /// end (its change applied in memory) even if the caller's future is dropped: a client that
+    /// goes away while its commit is at the connection thread must not leave memory behind the
+    /// database. Without a memory basis the commit runs in the caller's future.
+    async fn to_completion<T, F>(&self, commit: impl FnOnce(Store) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.memory.is_none() {
+            return commit(self.clone()).await;
+        }
+        tokio::spawn(commit(self.clone()))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("a commit task failed: {e}")))?
+    }
+
+    /// A commit's changes, applied to the memory basis (under [`Store::basis_order`]).
+    fn applied(&self, c: &memory::Changes) {
+        if let Some(m) = &self.memory {
+            if !c.is_empty() {
+                m.apply(c);
+            }
+        }
+    }
+
+    /// The phase and influence of traces, from memory when it holds them.
+    fn traces_in_memory(
+        &self,
+        tenant: uuid::Uuid,
+        ids: &[uuid::Uuid],
+    ) -> Option<std::collections::HashMap<uuid::Uuid, (TracePhase, AllowedInfluence)>> {
+        self.memory.as_ref().and_then(|m| m.traces(tenant, ids))
+    }
+
+    /// A source's record over the last [`memory::SOURCE_WINDOW`] receipts from memory, read
+    /// once from the database (under the commit order, so no commit falls between the read and
+    /// its keeping). `None`: no memory basis, or another window.
+    async fn source_in_memory(
+        &self,
+        tenant: uuid::Uuid,
+        source: &str,
+        window: i64,
+    ) -> Result<Option<(u32, u32)>> {
+        let Some(m) = &self.memory else {
+            return Ok(None);
+        };
+        if window != memory::SOURCE_WINDOW as i64 || !m.enabled() {
+            return Ok(None);
+        }
+        if let Some(h) = m.source(tenant, source) {
+            return Ok(Some(h));
+        }
+        let _order = m.order.lock().await;
+        if let Some(h) = m.source(tenant, source) {
+            return Ok(Some(h));
+        }
+        let rows: Vec<(i64,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT $3")
+                .bind(tenant.to_string())
+                .bind(source)
+                .bind(window)
+                .fetch_all(p)
+                .await?
+        });
+        let flags: Vec<bool> = rows.iter().map(|(r,)| *r != 0).collect();
+        m.keep_source(tenant, source, &flags);
+        Ok(Some((
+            flags.len() as u32,
+            flags.iter().filter(|r| **r).count() as u32,
+        )))
     }
 
     /// The batchers, once started.

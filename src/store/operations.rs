@@ -695,9 +695,24 @@ impl Store {
 
     /// Appends a receipt to the tenant's chain with everything it proves.
     pub async fn commit_operation(&self, w: OperationWrite) -> Result<Committed> {
+        self.to_completion(|store| async move { store.commit_operation_now(w).await })
+            .await
+    }
+
+    async fn commit_operation_now(&self, w: OperationWrite) -> Result<Committed> {
         let tenant = w.tenant.to_string();
         let created = now();
         let timer = std::time::Instant::now();
+        // An operation's receipt names no source: only its traces move the memory basis.
+        let changes = super::memory::Changes {
+            traces: w
+                .traces
+                .iter()
+                .map(|t| (w.tenant, t.id, t.phase, t.influence))
+                .collect(),
+            ..Default::default()
+        };
+        let _order = self.basis_order().await;
         let out = with_pool!(self, write, |p, d| {
             let mut tx = p.begin().await?;
             sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")
@@ -879,6 +894,7 @@ impl Store {
                 result: finish.result,
             })
         })?;
+        self.applied(&changes);
         crate::metrics::JOURNAL_COMMIT.observe(timer.elapsed().as_secs_f64());
         Ok(out)
     }

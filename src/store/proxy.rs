@@ -277,6 +277,9 @@ impl Store {
         tenant: Uuid,
         ids: &[Uuid],
     ) -> Result<HashMap<Uuid, (TracePhase, AllowedInfluence)>> {
+        if let Some(t) = self.traces_in_memory(tenant, ids) {
+            return Ok(t);
+        }
         let mut out = HashMap::with_capacity(ids.len());
         let tenant_s = tenant.to_string();
         for chunk in ids.chunks(IN_CHUNK) {
@@ -310,6 +313,11 @@ impl Store {
         source_id: &str,
         window: i64,
     ) -> Result<super::basis::Basis> {
+        if let Some(traces) = self.traces_in_memory(tenant, ids) {
+            if let Some(history) = self.source_in_memory(tenant, source_id, window).await? {
+                return Ok((traces, history));
+            }
+        }
         if ids.len() > super::basis::MAX_BATCH_IDS {
             let traces = self.traces_of(tenant, ids).await?;
             let history = self.source_history(tenant, source_id, window).await?;
@@ -408,6 +416,12 @@ impl Store {
 
     /// Marks the traces of deleted records `tombstoned` (the upstream confirmed the delete).
     pub async fn tombstone_traces(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
+        let ids = ids.to_vec();
+        self.to_completion(|store| async move { store.tombstone_traces_now(tenant, &ids).await })
+            .await
+    }
+
+    async fn tombstone_traces_now(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
         let tenant_s = tenant.to_string();
         let at = now();
         for chunk in ids.chunks(IN_CHUNK) {
@@ -415,12 +429,17 @@ impl Store {
                 "UPDATE traces SET phase = 'tombstoned', influence = 'none', updated_at = $2 WHERE tenant_id = $1 AND id IN ({})",
                 placeholders(3, chunk.len())
             );
+            let _order = self.basis_order().await;
             with_pool!(self, write, |p, _d| {
                 let mut q = sqlx::query(&sql).bind(&tenant_s).bind(&at);
                 for id in chunk {
                     q = q.bind(id.to_string());
                 }
                 q.execute(p).await?;
+            });
+            self.applied(&super::memory::Changes {
+                tombstoned: chunk.iter().map(|id| (tenant, *id)).collect(),
+                ..Default::default()
             });
         }
         Ok(())

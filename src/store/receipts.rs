@@ -224,6 +224,9 @@ impl Store {
         tenant: Uuid,
         id: Uuid,
     ) -> Result<Option<(TracePhase, AllowedInfluence)>> {
+        if let Some(t) = self.traces_in_memory(tenant, &[id]) {
+            return Ok(t.get(&id).copied());
+        }
         let row: Option<(String, String)> = with_pool!(self, read, |p, _d| {
             sqlx::query_as("SELECT phase, influence FROM traces WHERE tenant_id = $1 AND id = $2")
                 .bind(tenant.to_string())
@@ -297,6 +300,9 @@ impl Store {
         source_id: &str,
         window: i64,
     ) -> Result<(u32, u32)> {
+        if let Some(h) = self.source_in_memory(tenant, source_id, window).await? {
+            return Ok(h);
+        }
         let rows: Vec<(i64,)> = with_pool!(self, read, |p, _d| {
             sqlx::query_as("SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT $3")
                 .bind(tenant.to_string())
@@ -433,9 +439,16 @@ impl Store {
     /// in the same transaction. On PostgreSQL the chain head row is locked, so
     /// concurrent gates append one after another: no fork, no duplicate sequence.
     pub async fn commit_receipt(&self, w: ReceiptWrite) -> Result<CommittedReceipt> {
+        self.to_completion(|store| async move { store.commit_receipt_now(w).await })
+            .await
+    }
+
+    async fn commit_receipt_now(&self, w: ReceiptWrite) -> Result<CommittedReceipt> {
         let tenant = w.tenant.to_string();
         let created = now();
         let timer = std::time::Instant::now();
+        let changes = changes_of(std::slice::from_ref(&w));
+        let _order = self.basis_order().await;
         let out = with_pool!(self, write, |p, d| {
             let mut tx = p.begin().await?;
             sqlx::query("INSERT INTO receipt_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING")
@@ -536,6 +549,7 @@ impl Store {
                 result: finish.result,
             })
         })?;
+        self.applied(&changes);
         crate::metrics::JOURNAL_COMMIT.observe(timer.elapsed().as_secs_f64());
         Ok(out)
     }
@@ -1026,6 +1040,21 @@ fn chain_statements(
     })
 }
 
+/// What committed receipts change in the memory basis: their traces and their sources'
+/// records, in sequence order.
+fn changes_of(writes: &[ReceiptWrite]) -> super::memory::Changes {
+    let mut c = super::memory::Changes::default();
+    for w in writes {
+        if let Some(t) = &w.trace {
+            c.traces.push((w.tenant, t.id, t.phase, t.influence));
+        }
+        if let Some(s) = &w.source_id {
+            c.receipts.push((w.tenant, s.clone(), w.refused));
+        }
+    }
+    c
+}
+
 /// What the group committer keeps of a tenant's chain between groups on SQLite: the head it
 /// left and the active subscriptions (event name, id) as of `subs_generation`.
 pub(super) struct ChainTip {
@@ -1190,8 +1219,12 @@ impl Store {
         writes: Vec<ReceiptWrite>,
         extra: Vec<Stmt>,
     ) -> Result<Vec<CommittedReceipt>> {
-        self.commit_rows_at(tenant, signal_rows, writes, extra, &mut None)
-            .await
+        self.to_completion(|store| async move {
+            store
+                .commit_rows_at(tenant, signal_rows, writes, extra, &mut None)
+                .await
+        })
+        .await
     }
 
     /// [`Store::commit_rows`] for a caller that keeps the tenant's chain tip between commits
@@ -1237,6 +1270,7 @@ impl Store {
         };
         let out = match &self.backend {
             super::Backend::Sqlite { write, .. } => {
+                let _order = self.basis_order().await;
                 let known = tip
                     .take()
                     .filter(|t| t.subs_generation == subscriptions_generation());
@@ -1264,7 +1298,7 @@ impl Store {
                         Err(e) => return Err(e),
                     }
                 }
-                match done {
+                let committed = match done {
                     Some(committed) => committed,
                     None => {
                         let generation = subscriptions_generation();
@@ -1304,7 +1338,9 @@ impl Store {
                         });
                         chained.committed
                     }
-                }
+                };
+                self.applied(&changes_of(&writes));
+                committed
             }
             super::Backend::Postgres(p) => {
                 let mut tx = p.begin().await?;

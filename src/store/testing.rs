@@ -1,6 +1,7 @@
 //! Stores for unit tests: SQLite in a temporary directory, and PostgreSQL (a fresh database)
 //! when `TEST_DATABASE_URL` is set.
 
+use super::receipts::{EventWrite, Finish, ReceiptWrite};
 use super::Store;
 use crate::config::StorageConfig;
 use uuid::Uuid;
@@ -69,4 +70,34 @@ pub async fn subscribe(
         .await
         .unwrap()
         .unwrap()
+}
+
+/// A bare receipt of `tenant` (kind `test`, no source, no trace) that asks for a
+/// `receipt.created` event.
+pub fn receipt(tenant: Uuid, n: i64) -> ReceiptWrite {
+    let mut content = serde_json::Map::new();
+    content.insert("kind".into(), serde_json::json!("test"));
+    content.insert("n".into(), serde_json::json!(n));
+    ReceiptWrite {
+        tenant,
+        id: crate::store::new_id(),
+        kind: "test".into(),
+        signal_id: None,
+        source_id: None,
+        refused: false,
+        decision: "allow".into(),
+        outcome: "allow".into(),
+        idem_key: None,
+        content: crate::receipts::CanonicalContent::new(content),
+        trace: None,
+        obstruction: None,
+        repair_plan: None,
+        finish: Box::new(|sealed| Finish {
+            result: None,
+            events: vec![EventWrite {
+                name: "receipt.created".into(),
+                data: serde_json::json!({"id": sealed.receipt_id}),
+            }],
+        }),
+    }
 }

@@ -102,6 +102,10 @@ pub struct GateOptions {
     pub upstream_read_timeout_ms: u64,
     /// Body of a `[limits]` section (e.g. `body_timeout_ms = 500`); none when empty.
     pub limits: String,
+    /// Extra keys of the `[storage]` table. A test that edits the gate's database behind its
+    /// back ([`Gate::sql`]) and wants the gate to see the edit sets `memory_basis_traces = 0`:
+    /// on SQLite the gate keeps its state basis in memory (it is the database's only writer).
+    pub storage_extra: String,
 }
 
 impl GateOptions {
@@ -119,6 +123,7 @@ impl GateOptions {
             upstream_extra: String::new(),
             upstream_read_timeout_ms: 5000,
             limits: String::new(),
+            storage_extra: String::new(),
         }
     }
 }
@@ -159,6 +164,7 @@ metrics = "127.0.0.1:{metrics}"
 [storage]
 url = "{storage_url}"
 max_connections = 8
+{storage_extra}
 
 [logging]
 level = "info"
@@ -238,6 +244,7 @@ mode = "{mode}"
         upstream_extra = opts.upstream_extra,
         read_timeout = opts.upstream_read_timeout_ms,
         proxy_extra = opts.proxy_extra,
+        storage_extra = opts.storage_extra,
     )
 }
 
@@ -416,7 +423,9 @@ impl Gate {
         v
     }
 
-    /// Runs SQL against the gate's own database (tamper tests, assertions).
+    /// Runs SQL against the gate's own database (tamper tests, assertions). A gate on SQLite
+    /// keeps its state basis (trace phases, sources' records) in memory: a test whose edit must
+    /// change decisions starts its gate without it (see [`GateOptions::storage_extra`]).
     pub async fn sql(&self, statement: &str) {
         if self.storage_url.starts_with("sqlite:") {
             let pool = sqlx::sqlite::SqlitePoolOptions::new()
