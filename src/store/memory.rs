@@ -15,7 +15,7 @@
 //! basis is read from the database as before, and a fleet on PostgreSQL always reads it
 //! there (other gates write to the same tables).
 
-use super::{Result, StoreError};
+use super::Result;
 use crate::kernel::types::{AllowedInfluence, TracePhase};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -86,12 +86,22 @@ impl MemoryBasis {
                 .await?;
         let mut traces = HashMap::with_capacity(rows.len());
         for (tenant, id, phase, influence) in rows {
-            let key = (parse_id(&tenant)?, parse_id(&id)?);
-            let phase = TracePhase::parse(&phase)
-                .ok_or_else(|| StoreError::Corrupt(format!("trace phase {phase:?}")))?;
-            let influence = AllowedInfluence::parse(&influence)
-                .ok_or_else(|| StoreError::Corrupt(format!("trace influence {influence:?}")))?;
-            traces.insert(key, (phase, influence));
+            let parsed = (
+                Uuid::parse_str(&tenant),
+                Uuid::parse_str(&id),
+                TracePhase::parse(&phase),
+                AllowedInfluence::parse(&influence),
+            );
+            let (Ok(tenant), Ok(id), Some(phase), Some(influence)) = parsed else {
+                // The database answers for such a row (with an error where it is read); the
+                // gate still starts.
+                tracing::warn!(
+                    trace = %id,
+                    "a trace row does not parse: the state basis is read from the database"
+                );
+                return Ok(None);
+            };
+            traces.insert((tenant, id), (phase, influence));
         }
         Ok(Some(MemoryBasis {
             order: tokio::sync::Mutex::new(()),
@@ -210,10 +220,6 @@ impl MemoryBasis {
             st.kept = 0;
         }
     }
-}
-
-fn parse_id(s: &str) -> Result<Uuid> {
-    Uuid::parse_str(s).map_err(|_| StoreError::Corrupt(format!("id {s:?}")))
 }
 
 #[cfg(test)]
@@ -377,5 +383,32 @@ mod tests {
         .await
         .unwrap();
         assert!(again.memory.is_none());
+    }
+
+    /// A trace row that does not parse does not keep the gate from starting: the basis is then
+    /// read from the database.
+    #[tokio::test]
+    async fn a_trace_row_that_does_not_parse_leaves_the_basis_to_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::config::StorageConfig {
+            url: format!("sqlite://{}", dir.path().join("t.db").display()),
+            ..Default::default()
+        };
+        let store = Store::connect(&cfg).await.unwrap();
+        assert!(store.memory.is_some());
+        crate::with_pool!(store, write, |p, _d| {
+            sqlx::query("INSERT INTO traces (tenant_id, id, phase, influence, updated_at) VALUES ('t', 'not-a-uuid', 'accepted', 'none', '')")
+                .execute(p)
+                .await
+                .unwrap();
+        });
+        drop(store);
+        let again = Store::connect(&cfg).await.unwrap();
+        assert!(again.memory.is_none());
+        assert!(again
+            .traces_of(Uuid::new_v4(), &[Uuid::new_v4()])
+            .await
+            .unwrap()
+            .is_empty());
     }
 }
