@@ -346,20 +346,9 @@ impl Store {
         if let Some(h) = m.source(tenant, source) {
             return Ok(Some(h));
         }
-        let rows: Vec<(i64,)> = with_pool!(self, read, |p, _d| {
-            sqlx::query_as("SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT $3")
-                .bind(tenant.to_string())
-                .bind(source)
-                .bind(window)
-                .fetch_all(p)
-                .await?
-        });
-        let flags: Vec<bool> = rows.iter().map(|(r,)| *r != 0).collect();
+        let flags = self.source_flags(tenant, source, window).await?;
         m.keep_source(tenant, source, &flags);
-        Ok(Some((
-            flags.len() as u32,
-            flags.iter().filter(|r| **r).count() as u32,
-        )))
+        Ok(Some(receipts::source_record(&flags)))
     }
 
     /// The batchers, once started.

@@ -303,6 +303,18 @@ impl Store {
         if let Some(h) = self.source_in_memory(tenant, source_id, window).await? {
             return Ok(h);
         }
+        Ok(source_record(
+            &self.source_flags(tenant, source_id, window).await?,
+        ))
+    }
+
+    /// Whether each of the source's last `window` receipts refused a write, newest first.
+    pub(super) async fn source_flags(
+        &self,
+        tenant: Uuid,
+        source_id: &str,
+        window: i64,
+    ) -> Result<Vec<bool>> {
         let rows: Vec<(i64,)> = with_pool!(self, read, |p, _d| {
             sqlx::query_as("SELECT refused FROM receipts WHERE tenant_id = $1 AND source_id = $2 ORDER BY seq DESC LIMIT $3")
                 .bind(tenant.to_string())
@@ -311,10 +323,7 @@ impl Store {
                 .fetch_all(p)
                 .await?
         });
-        Ok((
-            rows.len() as u32,
-            rows.iter().filter(|(r,)| *r != 0).count() as u32,
-        ))
+        Ok(rows.iter().map(|(r,)| *r != 0).collect())
     }
 
     /// Records a coefficient version (idempotent: same content, same id).
@@ -1038,6 +1047,14 @@ fn chain_statements(
         committed,
         head: (seq, prev),
     })
+}
+
+/// A source's record from its receipts' refused flags: (receipts, refused).
+pub(super) fn source_record(flags: &[bool]) -> (u32, u32) {
+    (
+        flags.len() as u32,
+        flags.iter().filter(|r| **r).count() as u32,
+    )
 }
 
 /// What committed receipts change in the memory basis: their traces and their sources'
