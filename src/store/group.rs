@@ -283,7 +283,6 @@ mod tests {
     use super::*;
     use crate::store::testing::receipt;
 
-    /// A bare receipt whose `receipt.created` event names it.
     async fn deliveries(store: &Store, tenant: Uuid) -> i64 {
         crate::with_pool!(store, read, |p, _d| {
             sqlx::query_scalar::<_, i64>(
