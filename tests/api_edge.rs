@@ -106,24 +106,36 @@ async fn body_limits_media_type_and_malformed_json() {
     let big = signal_body(json!({"payload": "x".repeat(1_100_000)}));
     let (s, p) = g.post(DEMO_KEY, "/substrate/signals/ingest", &big).await;
     assert_problem(s, &p, 413, "payload_too_large");
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..40)
-        .map(|_| Ok(bytes::Bytes::from(vec![b' '; 32 * 1024])))
-        .collect();
-    // The gate answers 413 without reading the rest and closes that connection:
-    // use a client of its own so no later request lands on the closed socket.
+    // The gate answers 413 without reading the rest and closes that connection: use a client
+    // of its own so no later request lands on the closed socket. A client still writing the
+    // rest when the gate closes may fail its write (broken pipe) before it reads the answer;
+    // that race is the client's, so the request is sent again (at most five times) until the
+    // 413 is read.
     let once = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
-    let r = once
-        .post(g.url("/substrate/signals/ingest"))
-        .bearer_auth(DEMO_KEY)
-        .header("content-type", "application/json")
-        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
-        .send()
-        .await
-        .unwrap();
-    let (s, p) = status_json(r).await;
+    let mut answer = None;
+    for attempt in 0..5 {
+        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..40)
+            .map(|_| Ok(bytes::Bytes::from(vec![b' '; 32 * 1024])))
+            .collect();
+        match once
+            .post(g.url("/substrate/signals/ingest"))
+            .bearer_auth(DEMO_KEY)
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+            .send()
+            .await
+        {
+            Ok(r) => {
+                answer = Some(r);
+                break;
+            }
+            Err(e) => eprintln!("streamed 413, attempt {attempt}: the write failed first: {e}"),
+        }
+    }
+    let (s, p) = status_json(answer.expect("a 413 answer was read in five attempts")).await;
     assert_problem(s, &p, 413, "payload_too_large");
     // Malformed JSON, empty body, invalid UTF-8, deep nesting, duplicate keys, huge numbers.
     for raw in [
