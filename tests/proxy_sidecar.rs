@@ -675,6 +675,121 @@ async fn pipelined_writes_are_each_judged_and_answered_in_order() {
     }
 }
 
+/// A client speaking HTTP/2 without TLS (h2c, prior knowledge) is governed exactly like an
+/// HTTP/1.1 one, on the same listener: writes judged and answered with the decision headers,
+/// a poisoned write never forwarded, a deleted record dropped from the answer of a read route,
+/// and unmatched reads passed through.
+#[tokio::test]
+async fn h2c_clients_are_governed_like_http1_clients() {
+    let up = Upstream::start(memory_store).await;
+    let g = gate_for(Backend::Sqlite, &up, |_| {}).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let write = |id: &str, text: &str| {
+        h2.post(format!("{}/memories", g.proxy))
+            .json(&json!({"id": id, "text": text}))
+            .send()
+    };
+    let r = write("h2-1", BENIGN).await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&r, "x-integrity-decision").as_deref(), Some("allow"));
+    assert!(header(&r, "x-integrity-receipt").is_some());
+    let r = write("h2-2", HIDDEN).await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    let status = r.status().as_u16();
+    assert!(matches!(status, 403 | 202), "{status}");
+    let p: Value = r.json().await.unwrap();
+    // A refusal names its receipts `receiptIds` (403), a hold `receipts` (202).
+    let receipts = if status == 403 {
+        &p["receiptIds"]
+    } else {
+        &p["receipts"]
+    };
+    assert!(receipts.as_array().is_some_and(|a| a.len() == 1), "{p}");
+    let fwd = up.requests("POST", "/memories");
+    assert_eq!(fwd.len(), 1, "only the benign write reached the store");
+    assert_eq!(fwd[0].json()["id"], "h2-1");
+
+    // A delete over h2c tombstones the trace once the store confirms; the read route's answer
+    // then drops the record although this store still answers it.
+    let r = h2
+        .delete(format!("{}/memories/h2-1", g.proxy))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        wait_count(
+            &g,
+            "SELECT COUNT(*) FROM traces WHERE phase = 'tombstoned'",
+            1
+        )
+        .await,
+        1
+    );
+    let r = h2
+        .get(format!("{}/memories/search?q=h2-1,h2-9", g.proxy))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["results"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["results"][0]["id"], "h2-9");
+    // A route no pack describes passes through.
+    let r = h2
+        .get(format!("{}/elsewhere", g.proxy))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(up.requests("GET", "/elsewhere").len(), 1);
+}
+
+/// An absolute-form target (`POST http://host/path`, what a client sends through `HTTP_PROXY`)
+/// is governed like its path: it is no way around the route table. When its authority is not
+/// the `Host` header, Pingora refuses it (400) before the gate sees it, and nothing is forwarded.
+#[tokio::test]
+async fn absolute_form_targets_are_governed_like_their_path() {
+    let up = Upstream::start(memory_store).await;
+    let g = gate_for(Backend::Sqlite, &up, |_| {}).await;
+    let addr = g.proxy.trim_start_matches("http://").to_string();
+    let request = |authority: &str, id: &str, text: &str| {
+        let body = json!({"id": id, "text": text}).to_string();
+        format!(
+            "POST http://{authority}/memories HTTP/1.1\r\nHost: {addr}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let poisoned = raw_exchange(&addr, request(&addr, "abs-1", HIDDEN).as_bytes(), false).await;
+    assert!(
+        poisoned.starts_with("HTTP/1.1 403") || poisoned.starts_with("HTTP/1.1 202"),
+        "{poisoned}"
+    );
+    assert!(poisoned.contains("x-integrity-receipt"), "{poisoned}");
+    let benign = raw_exchange(&addr, request(&addr, "abs-2", BENIGN).as_bytes(), false).await;
+    assert!(benign.starts_with("HTTP/1.1 201"), "{benign}");
+    assert!(benign.contains("x-integrity-decision: allow"), "{benign}");
+    let other = raw_exchange(
+        &addr,
+        request("elsewhere.example", "abs-3", BENIGN).as_bytes(),
+        false,
+    )
+    .await;
+    assert!(other.starts_with("HTTP/1.1 400"), "{other}");
+    let forwarded = up.requests("POST", "/memories");
+    assert_eq!(
+        forwarded.len(),
+        1,
+        "only the benign write reached the store"
+    );
+    assert_eq!(forwarded[0].json()["id"], "abs-2");
+}
+
 /// `Expect: 100-continue` gets its interim answer from an HTTP/1.1 client only: an HTTP/1.0
 /// client cannot read one (RFC 9110 §10.1.1), its body is simply waited for.
 #[tokio::test]

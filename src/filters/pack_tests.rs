@@ -484,6 +484,39 @@ fn chroma_query_answer_keeps_nested_lists_consistent() {
     assert_eq!(body, before);
 }
 
+/// Chroma's hybrid search answers like `query` (one list per search), with `scores`, a `select`
+/// list of field names per search, and null for a field a search did not select.
+#[test]
+fn chroma_search_answer_is_treated_like_query() {
+    let t = table();
+    let m = t
+        .match_route("POST", &CHROMA_ADD.replace("/add", "/search"))
+        .unwrap();
+    assert_eq!(m.route.name, "search");
+    assert_eq!(m.route.kind, RouteKind::Read);
+    let r = m.route;
+    let mut body = json!({
+        "ids": [["a", "x-b", "w-c"], ["x-d", "e"]],
+        "documents": [["A", "B", "C"], null],
+        "embeddings": [null, [[0.1], [0.2]]],
+        "metadatas": [[{"k": 1}, null, {"k": 3}], null],
+        "scores": [[0.9, 0.8, 0.7], [0.6, 0.5]],
+        "select": [["#document", "#metadata", "#score"], ["#embedding", "#score"]]
+    });
+    assert_eq!(r.filter_response(&mut body, &by_prefix), 2);
+    assert_eq!(
+        body,
+        json!({
+            "ids": [["a", "w-c"], ["e"]],
+            "documents": [["A", "C"], null],
+            "embeddings": [null, [[0.2]]],
+            "metadatas": [[{"k": 1}, {"k": 3, "_integrity_retrieval": "untrusted"}], null],
+            "scores": [[0.9, 0.7], [0.5]],
+            "select": [["#document", "#metadata", "#score"], ["#embedding", "#score"]]
+        })
+    );
+}
+
 // ---- Qdrant ----------------------------------------------------------------------------
 
 #[test]

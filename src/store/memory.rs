@@ -150,12 +150,7 @@ impl MemoryBasis {
         st.sources
             .get(&tenant)
             .and_then(|s| s.get(source))
-            .map(|flags| {
-                (
-                    flags.len() as u32,
-                    flags.iter().filter(|r| **r).count() as u32,
-                )
-            })
+            .map(super::receipts::source_record)
     }
 
     /// Keeps a source's record as read from the database (newest receipt first), for a caller

@@ -1050,11 +1050,10 @@ fn chain_statements(
 }
 
 /// A source's record from its receipts' refused flags: (receipts, refused).
-pub(super) fn source_record(flags: &[bool]) -> (u32, u32) {
-    (
-        flags.len() as u32,
-        flags.iter().filter(|r| **r).count() as u32,
-    )
+pub(super) fn source_record<'a>(flags: impl IntoIterator<Item = &'a bool>) -> (u32, u32) {
+    flags
+        .into_iter()
+        .fold((0, 0), |(n, refused), r| (n + 1, refused + u32::from(*r)))
 }
 
 /// What committed receipts change in the memory basis: their traces and their sources'
