@@ -395,7 +395,7 @@ fn note_for(i: usize) -> Map<String, Value> {
     let mut m = Map::new();
     m.insert(
         "decision".into(),
-        json!(if i % 2 == 0 {
+        json!(if i.is_multiple_of(2) {
             "allow"
         } else {
             "allow_with_warning"

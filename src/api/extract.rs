@@ -228,18 +228,6 @@ pub fn json_depth(bytes: &[u8]) -> usize {
     max
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn depth_ignores_brackets_in_strings() {
-        assert_eq!(json_depth(br#"{"a": "[[[[{{{{"}"#), 1);
-        assert_eq!(json_depth(br#"[[[{"a": [1]}]]]"#), 5);
-        assert_eq!(json_depth(br#"{"a": "\"[["}"#), 1);
-    }
-}
-
 /// Like [`ApiJson`], but an empty body (no content) means `T::default()`:
 /// for routes whose request fields are all optional.
 pub struct ApiJsonOrEmpty<T>(pub T);
@@ -267,5 +255,17 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for ApiJsonOrEmpt
         ApiJson::<T>::from_request(req, state)
             .await
             .map(|ApiJson(t)| ApiJsonOrEmpty(t))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn depth_ignores_brackets_in_strings() {
+        assert_eq!(json_depth(br#"{"a": "[[[[{{{{"}"#), 1);
+        assert_eq!(json_depth(br#"[[[{"a": [1]}]]]"#), 5);
+        assert_eq!(json_depth(br#"{"a": "\"[["}"#), 1);
     }
 }

@@ -4046,7 +4046,8 @@ fn decoded_escapes(s: &str) -> Option<String> {
         .split(|b| !b.is_ascii_hexdigit())
         .any(|run| run.len() >= 24);
     let escaped = s.contains(['&', '%', '\\']) || hex_run;
-    if !reversed && !(escaped && ESCAPES.is_match(s)) {
+    let decodable = reversed || (escaped && ESCAPES.is_match(s));
+    if !decodable {
         return None;
     }
     let mut out = ESCAPES

@@ -256,10 +256,8 @@ pub fn example_body(doc: &Value, op: &Op, uuid: &dyn Fn(&str) -> String) -> Opti
 /// Every UUID in a JSON value (strings that parse as one).
 pub fn uuids_in(v: &Value, out: &mut Vec<String>) {
     match v {
-        Value::String(s) => {
-            if uuid::Uuid::parse_str(s).is_ok() && s.len() == 36 {
-                out.push(s.to_ascii_lowercase());
-            }
+        Value::String(s) if uuid::Uuid::parse_str(s).is_ok() && s.len() == 36 => {
+            out.push(s.to_ascii_lowercase());
         }
         Value::Array(a) => a.iter().for_each(|x| uuids_in(x, out)),
         Value::Object(m) => m.values().for_each(|x| uuids_in(x, out)),
