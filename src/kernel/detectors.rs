@@ -3168,7 +3168,7 @@ fn describes_injection(sentence: &str) -> bool {
 }
 
 /// `sentence` without its addresses: e-mail addresses, URLs, host names and paths (a token with
-/// `@`, `://`, or a `.` or `/` between two letters or digits) become a space.
+/// `@`, `://`, or a `.` or `/` between two letters or digits) are dropped.
 fn prose_of(sentence: &str) -> std::borrow::Cow<'_, str> {
     fn address(token: &str) -> bool {
         let b = token.as_bytes();
