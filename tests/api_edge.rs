@@ -195,6 +195,38 @@ async fn body_limits_media_type_and_malformed_json() {
     let (s, p) = status_json(r).await;
     assert_problem(s, &p, 400, "validation_failed");
     assert_eq!(p["errors"][0]["field"], "payload");
+    // A number out of range or a broken \u escape in a field says so (not "one of the allowed
+    // values": neither field is an enumeration).
+    for (body, field, says) in [
+        (
+            r#"{"productSurface":"generic","sourceType":"user_input","sourceId":"a","targetSubstrate":"agent_memory","proposedMutation":"write_memory","payload":"a","sourceTrustLevel":1e309}"#,
+            "sourceTrustLevel",
+            "out of range",
+        ),
+        (
+            r#"{"productSurface":"generic","sourceType":"user_input","sourceId":"a","targetSubstrate":"agent_memory","proposedMutation":"write_memory","payload":"\ud800x"}"#,
+            "payload",
+            "escape",
+        ),
+    ] {
+        let (s, p) = status_json(
+            g.client
+                .post(g.url("/substrate/signals/ingest"))
+                .bearer_auth(DEMO_KEY)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_problem(s, &p, 400, "validation_failed");
+        assert_eq!(p["errors"][0]["field"], field, "{p}");
+        assert!(
+            p["errors"][0]["message"].as_str().unwrap().contains(says),
+            "{p}"
+        );
+    }
     assert_eq!(
         g.count("SELECT COUNT(*) FROM signals").await,
         0,
@@ -240,6 +272,12 @@ async fn unknown_routes_ids_and_other_tenants_objects_are_404() {
         assert_problem(s, &p, 404, "not_found");
         let (s, p) = g.get(DEMO_KEY, "/substrate/nothing-here").await;
         assert_problem(s, &p, 404, "not_found");
+        // A path id that is not UTF-8 once percent-decoded: the router's own rejection is a
+        // problem too, never its plain text.
+        for path in ["/substrate/receipts/%FF", "/substrate/quarantine/%C3%28"] {
+            let (s, p) = g.get(DEMO_KEY, path).await;
+            assert_problem(s, &p, 400, "validation_failed");
+        }
         // The owner still sees it.
         let (s, _) = g.get(DEMO_KEY, &format!("/substrate/receipts/{rid}")).await;
         assert_eq!(s, 200);

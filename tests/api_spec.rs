@@ -550,6 +550,35 @@ async fn evaluation_is_deterministic_and_replays_matched() {
             .await;
         assert_eq!(r["replayStatus"], "matched");
         assert!(r.get("reexecution").is_none() || r["reexecution"]["attempted"] == false);
+        // The spec types the replay's profile as a string: a profile name re-executes under
+        // it; any other string is accepted, verified without re-execution, and said so.
+        let (s, r) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/receipts/{rid}/replay"),
+                &json!({"evaluationProfile": "lightweight"}),
+            )
+            .await;
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(r["reexecution"]["attempted"], true, "{r}");
+        let (s, r) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/receipts/{rid}/replay"),
+                &json!({"evaluationProfile": "custom-profile"}),
+            )
+            .await;
+        assert_eq!(s, 200, "{r}");
+        assert_eq!(
+            (&r["replayStatus"], &r["reexecution"]["attempted"]),
+            (&json!("partial"), &json!(false)),
+            "{r}"
+        );
+        assert_eq!(r["expectedHash"], r["actualHash"]);
+        assert_eq!(
+            r["audit"]["evaluationProfile"]["requested"],
+            "custom-profile"
+        );
         // An empty body is the same as {}.
         let resp = g
             .client

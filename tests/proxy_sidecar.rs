@@ -337,7 +337,7 @@ async fn quarantine_review_releases_and_rejects() {
             .post(
                 OTHER_KEY,
                 &format!("/substrate/quarantine/{q1id}/release"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_problem(s, &v, 404, "not_found");
@@ -345,7 +345,7 @@ async fn quarantine_review_releases_and_rejects() {
             .post(
                 LOW_KEY,
                 &format!("/substrate/quarantine/{q1id}/release"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_problem(s, &v, 403, "forbidden");
@@ -418,7 +418,7 @@ async fn quarantine_review_releases_and_rejects() {
             .post(
                 DEMO_KEY,
                 &format!("/substrate/quarantine/{q1id}/release"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_problem(s, &v, 409, "conflict");
@@ -426,17 +426,35 @@ async fn quarantine_review_releases_and_rejects() {
             .post(
                 DEMO_KEY,
                 &format!("/substrate/quarantine/{q1id}/reject"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_problem(s, &v, 409, "conflict");
 
-        // Reject: never forwarded; a release afterwards is a conflict.
+        // A review's body is checked like any other: another tenant's `tenantId` is a 403, an
+        // unknown field a 400, and neither changes the entry.
         let (s, v) = g
             .post(
                 DEMO_KEY,
                 &format!("/substrate/quarantine/{q2}/reject"),
-                &json!(null),
+                &json!({"tenantId": OTHER_TENANT}),
+            )
+            .await;
+        assert_problem(s, &v, 403, "tenant_mismatch");
+        let (s, v) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/quarantine/{q2}/reject"),
+                &json!({"bogus": 1}),
+            )
+            .await;
+        assert_problem(s, &v, 400, "validation_failed");
+        // Reject: never forwarded; a release afterwards is a conflict. The reason is bound.
+        let (s, v) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/quarantine/{q2}/reject"),
+                &json!({"reason": "planted by a test"}),
             )
             .await;
         assert_eq!(s, 200, "{v}");
@@ -452,11 +470,15 @@ async fn quarantine_review_releases_and_rejects() {
             (s, r["receipt"]["receipt_payload"]["kind"].as_str()),
             (200, Some("quarantine_reject"))
         );
+        assert_eq!(
+            r["receipt"]["receipt_payload"]["reviewer"]["reason"],
+            "planted by a test"
+        );
         let (s, v) = g
             .post(
                 DEMO_KEY,
                 &format!("/substrate/quarantine/{q2}/release"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_problem(s, &v, 409, "conflict");
@@ -524,7 +546,7 @@ async fn held_writes_and_reviews_leave_the_stored_record_alone() {
             .post(
                 DEMO_KEY,
                 &format!("/substrate/quarantine/{held}/release"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_problem(s, &v, 409, "conflict");
@@ -545,7 +567,7 @@ async fn held_writes_and_reviews_leave_the_stored_record_alone() {
             .post(
                 DEMO_KEY,
                 &format!("/substrate/quarantine/{held}/reject"),
-                &json!(null),
+                &json!({}),
             )
             .await;
         assert_eq!(s, 200, "{v}");

@@ -194,7 +194,14 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> Result
             && !(path == "." || path.is_empty())
             && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
         {
-            return ApiError::field(path, "invalid value: expected one of the allowed values");
+            // Other syntax-class errors at a field say what is wrong: "number out of range",
+            // "lone leading surrogate in hex escape".
+            let msg = inner.to_string();
+            let msg = msg.split(" at line ").next().unwrap_or_default();
+            if msg.starts_with("expected") {
+                return ApiError::field(path, "invalid value: expected one of the allowed values");
+            }
+            return ApiError::field(path, format!("invalid value: {msg}"));
         }
         from_serde(e)
     })?;

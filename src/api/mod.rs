@@ -113,6 +113,44 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// An error answered by the framework itself (an extractor's rejection: a path parameter that
+/// is not UTF-8 once percent-decoded, ...) in its plain-text form becomes a problem like every
+/// other error; the framework's message is its detail.
+async fn as_problem(resp: Response) -> Response {
+    let status = resp.status();
+    // Only the framework's plain-text answers: every handler's error is a problem already,
+    // and a JSON error body of a route's own (`/readyz`) is its documented answer.
+    let plain = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|v| v.starts_with("text/plain"));
+    if !(status.is_client_error() || status.is_server_error()) || !plain {
+        return resp;
+    }
+    let body = axum::body::to_bytes(resp.into_body(), 16 * 1024)
+        .await
+        .unwrap_or_default();
+    let detail = String::from_utf8_lossy(&body).trim().to_string();
+    let (status, code) = match status.as_u16() {
+        400 => (status, "validation_failed"),
+        401 => (status, "unauthenticated"),
+        404 => (status, "not_found"),
+        405 => (status, "method_not_allowed"),
+        413 => (status, "payload_too_large"),
+        415 => (status, "unsupported_media_type"),
+        429 => (status, "rate_limited"),
+        400..=499 => (StatusCode::BAD_REQUEST, "invalid_request"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    };
+    let detail = if detail.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        detail
+    };
+    ApiError::new(status, code, detail).into_response()
+}
+
 async fn not_found() -> ApiError {
     ApiError::not_found("route")
 }
@@ -155,7 +193,8 @@ async fn edge(State(_state): State<Arc<AppState>>, req: Request, next: Next) -> 
             }
         }
     });
-    let mut resp = tracing::Instrument::instrument(fut, span).await;
+    let resp = tracing::Instrument::instrument(fut, span).await;
+    let mut resp = error::REQUEST_ID.scope(rid.clone(), as_problem(resp)).await;
     if let Ok(v) = HeaderValue::from_str(&rid) {
         resp.headers_mut().insert("x-request-id", v);
     }

@@ -16,7 +16,7 @@ use crate::webhooks::{
 use axum::http::header;
 use axum::response::IntoResponse;
 use std::sync::LazyLock;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 pub const API_VERSION: &str = "0.14.0-rc1";
@@ -96,6 +96,17 @@ impl Modify for Security {
                     .bearer_format("API key")
                     .build(),
             ),
+        );
+        // The specification's tenant header, declared as an API-key scheme in a header. No
+        // operation lists it as a way to authenticate (see `tenant_header_as_parameter`): it
+        // checks the Bearer key's tenant and never replaces the key.
+        components.add_security_scheme(
+            "tenantHeader",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "x-tenant-id",
+                "Optional tenant check: when present it must equal the Bearer key's tenant \
+                 (400 when not a UUID, 403 when another tenant's). Never a credential on its own.",
+            ))),
         );
     }
 }
@@ -317,6 +328,25 @@ pub async fn serve() -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The spec's tenant header is declared as an API-key scheme in a header, and no operation
+    /// offers it in place of the Bearer key.
+    #[test]
+    fn tenant_header_is_a_declared_scheme_but_never_a_credential() {
+        let doc: serde_json::Value = serde_json::from_str(&DOC).unwrap();
+        let scheme = &doc["components"]["securitySchemes"]["tenantHeader"];
+        assert_eq!(
+            (&scheme["type"], &scheme["in"], &scheme["name"]),
+            (&"apiKey".into(), &"header".into(), &"x-tenant-id".into())
+        );
+        for item in doc["paths"].as_object().unwrap().values() {
+            for op in item.as_object().unwrap().values() {
+                for req in op["security"].as_array().into_iter().flatten() {
+                    assert!(req.get("tenantHeader").is_none(), "{op}");
+                }
+            }
+        }
+    }
 
     /// The documented reference pattern is the one the handlers parse with.
     #[test]

@@ -10,9 +10,10 @@
 //! - `POST /substrate/quarantine/{id}/reject`
 
 use super::error::{ApiError, Problem};
-use super::extract::Auth;
+use super::extract::{ApiJsonOrEmpty, Auth};
 use super::receipts::path_id;
 use crate::kernel::types::RuntimeDecision;
+use crate::operations::types::LifecycleActionRequest;
 use crate::state::AppState;
 use crate::store::QuarantineRow;
 use axum::extract::{Path, RawQuery, State};
@@ -319,17 +320,20 @@ pub async fn fetch(
 /// emitted). Answers with the upstream's status.
 #[utoipa::path(post, path = "/substrate/quarantine/{id}/release", tag = "quarantine",
     params(("id" = String, Path, description = "Quarantine entry id (UUID)")),
+    request_body(content = LifecycleActionRequest, description = "Optional; an empty body is fine. The reason is bound in the review's receipt"),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "Released; the status is the upstream's (200, 201, ...)", body = QuarantineReleaseResponse),
         (status = 201, description = "Released; the upstream answered 201", body = QuarantineReleaseResponse),
-        (status = 400, description = "Invalid tenant header; or the upstream answered 400 (the entry is held again)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid request (the field is named) or tenant header", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant mismatch, or the key's authority ceiling is below the policy's release_authority", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown entry", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The entry is not held (already released, rejected, or being released)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Rate limited", body = Problem, content_type = "application/problem+json"),
-        (status = 502, description = "The upstream could not be reached or refused the request (the entry is held again)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "The upstream could not be reached, or refused the request with any non-2xx status (named in the detail; the entry is held again)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Storage unavailable", body = Problem, content_type = "application/problem+json"),
         (status = 504, description = "The upstream did not answer in time (the entry is held again)", body = Problem, content_type = "application/problem+json")
     ))]
@@ -337,9 +341,11 @@ pub async fn release(
     State(state): State<Arc<AppState>>,
     auth: Auth,
     Path(id): Path<String>,
+    ApiJsonOrEmpty(req): ApiJsonOrEmpty<LifecycleActionRequest>,
 ) -> Result<(StatusCode, Json<QuarantineReleaseResponse>), ApiError> {
     let id = path_id(&id, "quarantine entry")?;
-    let r = crate::proxy::release::release(&state, &auth.0, id).await?;
+    let reason = review_reason(&auth, &req)?;
+    let r = crate::proxy::release::release(&state, &auth.0, id, reason).await?;
     let status = StatusCode::from_u16(r.upstream_status).unwrap_or(StatusCode::OK);
     Ok((
         status,
@@ -356,14 +362,17 @@ pub async fn release(
 /// to `revoked`.
 #[utoipa::path(post, path = "/substrate/quarantine/{id}/reject", tag = "quarantine",
     params(("id" = String, Path, description = "Quarantine entry id (UUID)")),
+    request_body(content = LifecycleActionRequest, description = "Optional; an empty body is fine. The reason is bound in the review's receipt"),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "Rejected", body = QuarantineRejectResponse),
-        (status = 400, description = "Invalid tenant header", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Invalid request (the field is named) or tenant header", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Tenant mismatch", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Unknown entry", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The entry is not held", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Rate limited", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Storage unavailable", body = Problem, content_type = "application/problem+json")
     ))]
@@ -371,13 +380,28 @@ pub async fn reject(
     State(state): State<Arc<AppState>>,
     auth: Auth,
     Path(id): Path<String>,
+    ApiJsonOrEmpty(req): ApiJsonOrEmpty<LifecycleActionRequest>,
 ) -> Result<Json<QuarantineRejectResponse>, ApiError> {
     let id = path_id(&id, "quarantine entry")?;
-    let (row, receipt_id) = crate::proxy::release::reject(&state, &auth.0, id).await?;
+    let reason = review_reason(&auth, &req)?;
+    let (row, receipt_id) = crate::proxy::release::reject(&state, &auth.0, id, reason).await?;
     Ok(Json(QuarantineRejectResponse {
         entry: entry_of(row)?,
         receipt_id,
     }))
+}
+
+/// A review's optional body: its `tenantId` must be the key's, its `reason` (bound in the
+/// review's receipt) at most 2,000 characters.
+fn review_reason<'r>(
+    auth: &Auth,
+    req: &'r LifecycleActionRequest,
+) -> Result<Option<&'r str>, ApiError> {
+    auth.check_body_tenant(req.tenant_id)?;
+    if let Some(r) = &req.reason {
+        crate::operations::check_text(r, "reason", 0, 2000)?;
+    }
+    Ok(req.reason.as_deref())
 }
 
 #[cfg(test)]

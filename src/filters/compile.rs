@@ -68,10 +68,12 @@ const ROUTE_ONLY_FIELDS: &[&str] = &[
     "substrate",
     "fail_open",
     "annotate",
+    "merges",
     "annotation",
     "annotation_key",
     "collection",
     "id_param",
+    "conditions",
     "metadata_path",
     "readback",
     "readback_body",
@@ -720,8 +722,28 @@ fn compile_route(
     });
 
     let metadata_path = ctx.opt_pointer(t, &path, "metadata_path");
+    let conditions = ctx.opt_pointer_list(t, &path, "conditions");
+    if let (Some(_), Some(RouteKind::Write | RouteKind::Read)) = (&conditions, kind) {
+        if let Some(n) = get(t, "conditions") {
+            ctx.err(
+                &n.span,
+                join(&path, "conditions"),
+                "conditions only apply to delete routes (a filter that narrows the named ids)",
+            );
+        }
+    }
 
     let shape = compile_shape(ctx, t, &node.span, &path, kind, false);
+    let merges = ctx.opt_bool(t, &path, "merges").unwrap_or(false);
+    if merges && !annotate {
+        if let Some(n) = get(t, "merges") {
+            ctx.err(
+                &n.span,
+                join(&path, "merges"),
+                "merges = true needs annotate = true (it says which records get annotations)",
+            );
+        }
+    }
     if let Some(n) = get(t, "annotate") {
         if annotate {
             if let Some(s) = &shape {
@@ -816,6 +838,7 @@ fn compile_route(
         substrate,
         fail_open: fail_open.unwrap_or(false),
         annotate,
+        merges,
         annotation,
         annotation_key,
         uuid_ids: defaults.is_some_and(|d| d.uuid_ids),
@@ -823,6 +846,7 @@ fn compile_route(
         capitalized_collections: defaults.is_some_and(|d| d.capitalized_collections),
         collection,
         id_param,
+        conditions: conditions.unwrap_or_default(),
         metadata_path,
         method: method.as_str(),
         template,
@@ -1323,6 +1347,29 @@ id = "/ids"
         ));
         let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, vec!["route[0].mutation", "route[0].fail_open"]);
+
+        // `merges` says which records get annotations: it needs `annotate`.
+        let errs = errors(&minimal_with(
+            "id = \"/ids\"",
+            "id = \"/ids\"\nmerges = true",
+        ));
+        assert_eq!(only(&errs).path, "route[0].merges");
+
+        // `conditions` narrow the ids of a delete; a write has none, and each is a pointer.
+        let errs = errors(&minimal_with(
+            "id = \"/ids\"",
+            "id = \"/ids\"\nconditions = [\"/where\"]",
+        ));
+        assert_eq!(only(&errs).path, "route[0].conditions");
+        let errs = errors(&minimal_with(
+            "kind = \"write\"",
+            "kind = \"delete\"\nconditions = [\"where\"]",
+        ));
+        assert!(
+            errs.iter()
+                .any(|e| e.path.starts_with("route[0].conditions")),
+            "{errs:#?}"
+        );
     }
 
     #[test]

@@ -179,6 +179,10 @@ pub struct CompiledRoute {
     pub fail_open: bool,
     /// Whether the gate writes `_integrity` annotations into records of this route.
     pub annotate: bool,
+    /// The store merges this route's metadata into the stored record's (Chroma `update` /
+    /// `upsert`, Qdrant set-payload): every admitted record is annotated, a plain `allow`
+    /// too, so an annotation an earlier write left never outlives the content it described.
+    pub merges: bool,
     pub annotation: AnnotationStyle,
     /// `_integrity` unless the pack says otherwise: the nested key, or the flat prefix.
     pub annotation_key: String,
@@ -202,6 +206,10 @@ pub struct CompiledRoute {
     pub metadata_path: Option<Pointer>,
     /// A path parameter that names the record when the body does not (`DELETE /x/{id}`).
     pub id_param: Option<String>,
+    /// Delete routes: body members that narrow the named ids (Chroma's `where` and
+    /// `where_document` beside `ids`). When one is present, the store deletes only the named
+    /// records that match it, so the gate cannot know which went and tombstones none.
+    pub conditions: Vec<Pointer>,
     /// The method and path template as written in the pack.
     pub method: &'static str,
     pub template: String,
@@ -233,6 +241,21 @@ impl CompiledRoute {
         self.kind == RouteKind::Read
             && (self.shape.layout != Layout::None
                 || self.variants.iter().any(|v| v.shape.layout != Layout::None))
+    }
+
+    /// The filter of a delete whose named ids are only candidates (see
+    /// [`CompiledRoute::conditions`]): the present, non-empty condition members by pointer.
+    pub fn delete_conditions(&self, body: &serde_json::Value) -> Option<serde_json::Value> {
+        let present: serde_json::Map<String, serde_json::Value> = self
+            .conditions
+            .iter()
+            .filter_map(|p| {
+                let v = p.get(body)?;
+                let empty = v.is_null() || v.as_object().is_some_and(|o| o.is_empty());
+                (!empty).then(|| (p.as_str().to_string(), v.clone()))
+            })
+            .collect();
+        (!present.is_empty()).then_some(serde_json::Value::Object(present))
     }
 
     /// Request bodies of this route are NDJSON, not one JSON document.

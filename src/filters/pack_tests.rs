@@ -124,9 +124,21 @@ fn shipped_routes_match_real_paths() {
     assert!(m.route.annotate);
     let q = CHROMA_ADD.replace("/add", "/query/");
     assert_eq!(t.match_route("POST", &q).unwrap().route.name, "query");
-    // Collection admin routes of Chroma are not in the pack: they pass straight through.
-    assert!(t
+    // Creating a collection carries metadata agents may read: judged, named by its body.
+    let m = t
         .match_route("POST", "/api/v2/tenants/t/databases/d/collections")
+        .unwrap();
+    assert_eq!(
+        (m.route.name.as_str(), m.route.kind),
+        ("create_collection", RouteKind::Write)
+    );
+    assert_eq!(
+        m.collection(&json!({"name": "notes"})).as_deref(),
+        Some("notes")
+    );
+    // Listing collections is not in the pack: it passes straight through.
+    assert!(t
+        .match_route("GET", "/api/v2/tenants/t/databases/d/collections")
         .is_none());
     assert!(t.match_route("GET", "/api/v2/heartbeat").is_none());
 
@@ -355,6 +367,32 @@ fn chroma_client_sent_annotations_are_replaced() {
     );
 }
 
+/// Routes whose store merges metadata into the stored record's annotate every admitted record
+/// (the writer passes a note for plain allows too); an add does not.
+#[test]
+fn merging_routes_are_marked() {
+    let t = table();
+    for (pack, name) in [
+        ("chroma", "update"),
+        ("chroma", "upsert"),
+        ("qdrant", "set_payload"),
+        ("pinecone", "update_vector"),
+    ] {
+        let r = route(&t, pack, name);
+        assert!(r.merges && r.annotate, "{pack}/{name}");
+    }
+    assert!(!route(&t, "chroma", "add").merges);
+    let r = route(&t, "chroma", "update");
+    let body = json!({"ids": ["a"], "documents": ["clean now"]});
+    let out = r
+        .rewrite_admitted(&body, &[(0, note("allow", "r9"))])
+        .unwrap();
+    assert_eq!(
+        out["metadatas"],
+        json!([{"_integrity_decision": "allow", "_integrity_receipt": "r9"}])
+    );
+}
+
 /// Chroma's `uris` column is read with each record's document (the pack's `scan`), and a
 /// rewrite keeps it in lockstep with the ids.
 #[test]
@@ -417,6 +455,31 @@ fn chroma_delete_by_ids_and_by_filter() {
         r.rewrite_admitted(&body, &[]),
         Err(ExtractError::NothingAdmitted)
     );
+}
+
+/// Ids with a filter name candidates, not deletions: `delete_conditions` says so (and gives
+/// the filter the receipts bind); null or `{}` filters narrow nothing.
+#[test]
+fn delete_conditions_are_the_filters_beside_ids() {
+    let t = table();
+    let r = route(&t, "chroma", "delete");
+    assert_eq!(r.delete_conditions(&json!({"ids": ["a"]})), None);
+    assert_eq!(
+        r.delete_conditions(&json!({"ids": ["a"], "where": null, "where_document": {}})),
+        None
+    );
+    assert_eq!(
+        r.delete_conditions(&json!({"ids": ["a"], "where": {"i": 5}, "where_document": null})),
+        Some(json!({"/where": {"i": 5}}))
+    );
+    for (pack, name) in [("qdrant", "delete_points"), ("pinecone", "delete_vectors")] {
+        let r = route(&t, pack, name);
+        assert_eq!(
+            r.delete_conditions(&json!({"filter": {"k": "v"}})),
+            Some(json!({"/filter": {"k": "v"}}))
+        );
+    }
+    assert!(route(&t, "chroma", "add").conditions.is_empty());
 }
 
 #[test]

@@ -559,10 +559,12 @@ pub struct ReplayRequest {
     #[serde(default, deserialize_with = "present")]
     #[schema(nullable = false)]
     pub reexecute: Option<bool>,
-    /// An `EvaluationProfile`; the spec types it as a string, the service accepts only the
-    /// profile names (400 otherwise), so the document says which.
+    /// Any string, as the spec types it (at most 128 characters). A profile name
+    /// (`lightweight`, `standard`, `high_assurance`, `full_geometric`, `product_deep`)
+    /// re-executes under that profile; another string is not re-executed (the replay is
+    /// `partial` and its `audit.evaluationProfile` says why).
     #[serde(default, deserialize_with = "present")]
-    #[schema(nullable = false, value_type = Option<EvaluationProfile>)]
+    #[schema(nullable = false, max_length = 128)]
     pub evaluation_profile: Option<String>,
     #[serde(default, deserialize_with = "present")]
     #[schema(nullable = false)]

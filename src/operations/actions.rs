@@ -61,6 +61,7 @@ pub async fn release(
         });
     }
     let input = ActionInput {
+        tenant,
         action_id,
         kind: req.action.kind,
         target: req.action.target.clone(),

@@ -30,11 +30,13 @@ pub async fn load_input(
     let (facts, row) = trace_facts(state, tenant, trace_id)
         .await?
         .ok_or_else(|| ApiError::not_found("trace"))?;
-    let key = row
+    // Scoped by tenant: record traces are named by (collection, record id) in every tenant.
+    let basis = row
         .as_ref()
         .and_then(|r| r.last_receipt_id.clone())
         .or_else(|| facts.signals.first().map(|s| s.id.to_string()))
         .unwrap_or_default();
+    let key = format!("{tenant}:{basis}");
     let mut peers = Vec::new();
     if target != TracePhase::Accepted {
         if let Some(sub) = facts.substrate {

@@ -40,6 +40,7 @@ pub async fn evaluate(
     // The same members in the same states give the same configuration id and obstructions.
     let key = crate::receipts::sha256_hex(
         serde_json::to_string(&(
+            tenant,
             &members
                 .iter()
                 .map(|m| {

@@ -119,9 +119,11 @@ pub async fn filter(
                 .unwrap_or_default(),
         });
     }
+    // Scoped by tenant: two tenants filtering the same candidates get ids of their own.
     let key = crate::receipts::sha256_hex(
-        serde_json::to_string(
-            &candidates
+        serde_json::to_string(&(
+            tenant,
+            candidates
                 .iter()
                 .map(|c| {
                     (
@@ -131,7 +133,7 @@ pub async fn filter(
                     )
                 })
                 .collect::<Vec<_>>(),
-        )
+        ))
         .unwrap_or_default()
         .as_bytes(),
     );

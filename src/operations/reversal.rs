@@ -103,6 +103,7 @@ pub async fn prepare(
     upstream.truncate(MAX_RESIDUE);
     let key = crate::receipts::sha256_hex(
         serde_json::to_string(&(
+            tenant,
             root,
             traces
                 .iter()

@@ -77,6 +77,7 @@ fn review_receipt(
     from: (Option<TracePhase>, AllowedInfluence),
     to: Option<(TracePhase, AllowedInfluence)>,
     events: Vec<EventWrite>,
+    reason: Option<&str>,
 ) -> Result<(ReceiptWrite, Uuid), ApiError> {
     let rt = state.runtime();
     let tenant = rt
@@ -104,10 +105,12 @@ fn review_receipt(
             "requestDigest": crate::receipts::sha256_hex(row.body.as_bytes()),
         }),
     );
-    m.insert(
-        "reviewer".into(),
-        json!({"keyId": principal.key_id, "authorityCeiling": principal.authority_ceiling}),
-    );
+    let mut reviewer =
+        json!({"keyId": principal.key_id, "authorityCeiling": principal.authority_ceiling});
+    if let Some(r) = reason {
+        reviewer["reason"] = json!(r);
+    }
+    m.insert("reviewer".into(), reviewer);
     m.insert(
         "policy".into(),
         json!({"name": policy.name, "coefficientVersionId": policy.version_id, "contentHash": policy.content_hash, "releaseAuthority": policy.release_authority}),
@@ -175,6 +178,7 @@ pub async fn release(
     state: &AppState,
     principal: &Principal,
     id: Uuid,
+    reason: Option<&str>,
 ) -> Result<Released, ApiError> {
     let rt = state.runtime();
     let tenant_rt = rt
@@ -234,6 +238,7 @@ pub async fn release(
         (from_phase, from_inf),
         Some(to),
         vec![event],
+        reason,
     )?;
     let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
     let params: Vec<(String, String)> = serde_json::from_str(&row.params).unwrap_or_default();
@@ -333,9 +338,10 @@ pub async fn release(
             let upstream_body = serde_json::from_slice(&body)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
             if !ok {
-                let sc = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                // The store's refusal is the gateway's failure, not the gate's own answer: its
+                // 404 or 500 relayed as such would read as "no such entry" or a gate crash.
                 return Err(ApiError::new(
-                    sc,
+                    StatusCode::BAD_GATEWAY,
                     "upstream_rejected",
                     format!(
                         "the upstream store answered {status} to the released request; the entry is held again: {}",
@@ -403,6 +409,7 @@ pub async fn reject(
     state: &AppState,
     principal: &Principal,
     id: Uuid,
+    reason: Option<&str>,
 ) -> Result<(QuarantineRow, Uuid), ApiError> {
     let row = held_entry(state, principal.tenant, id, "rejected").await?;
     let trace_id = uuid_of(&row.trace_id, "trace id")?;
@@ -421,6 +428,7 @@ pub async fn reject(
         (from_phase, from_inf),
         None,
         Vec::new(),
+        reason,
     )?;
     let extra = vec![quarantine_transition(
         principal.tenant,
@@ -469,7 +477,7 @@ pub fn register_repair_hook() {
                     key_id: format!("repair-plan:{}", info.plan.id),
                     authority_ceiling: Some(1.0),
                 };
-                let r = release(&state, &principal, entry)
+                let r = release(&state, &principal, entry, None)
                     .await
                     .map_err(|e| e.detail)?;
                 Ok(

@@ -186,6 +186,8 @@ pub async fn handle(
     let request_id = crate::store::new_id();
     let observed = crate::store::now();
     let deleting = route.kind == RouteKind::Delete;
+    // A delete that names ids and also a filter deletes only the named records that match it.
+    let conditions = deleting.then(|| route.delete_conditions(&value)).flatten();
     let signals: Vec<NormalizedSignal> = records
         .iter()
         .map(|r| {
@@ -233,14 +235,17 @@ pub async fn handle(
         let out = &j.output;
         let action = answer::action_for(out.decision, mode);
         let quarantine = (action == Action::Held).then(Uuid::new_v4);
+        let note = || {
+            let mut note = Map::new();
+            note.insert("decision".into(), json!(out.decision));
+            note.insert("receipt".into(), json!(j.receipt_id));
+            note
+        };
         match action {
-            Action::Forwarded => admitted.push((rec.index, None)),
-            Action::Annotated => {
-                let mut note = Map::new();
-                note.insert("decision".into(), json!(out.decision));
-                note.insert("receipt".into(), json!(j.receipt_id));
-                admitted.push((rec.index, Some(note)));
-            }
+            // Where the store merges metadata, a plain allow is written too: it replaces what
+            // an earlier annotated write of the record left there.
+            Action::Forwarded => admitted.push((rec.index, route.merges.then(note))),
+            Action::Annotated => admitted.push((rec.index, Some(note()))),
             Action::Held => held_idx.push(rec.index),
             Action::Blocked => {}
         }
@@ -385,6 +390,7 @@ pub async fn handle(
                     .iter()
                     .find(|r| r.index == o.index && r.id.is_none())
                     .and_then(|r| r.metadata.clone())
+                    .or_else(|| conditions.clone())
             } else {
                 None
             };
@@ -465,7 +471,9 @@ pub async fn handle(
         return Ok(true);
     };
 
-    let tombstones: Vec<Uuid> = if route.kind == RouteKind::Delete
+    // Tombstoned: the records a delete certainly removed (not the candidates of a filtered one).
+    let tombstones: Vec<Uuid> = if deleting
+        && conditions.is_none()
         && !matches!(mode, EvaluationMode::Shadow | EvaluationMode::Advisory)
     {
         outcomes

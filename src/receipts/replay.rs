@@ -76,22 +76,20 @@ pub async fn replay(
     receipt_id: Uuid,
     req: ReplayRequest,
 ) -> Result<KernelReplayResponse, ApiError> {
-    let profile_override = match &req.evaluation_profile {
-        None => None,
-        Some(p) => Some(EvaluationProfile::parse(p).ok_or_else(|| {
-            ApiError::field(
-                "evaluationProfile",
-                format!(
-                    "must be one of {}",
-                    EvaluationProfile::ALL
-                        .iter()
-                        .map(|p| p.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?),
-    };
+    // The spec types the replay's profile as any string. A profile name re-executes under that
+    // profile; another string cannot be re-executed (the kernel knows no such profile): the
+    // replay verifies what it can, is `partial`, and its audit says why.
+    if let Some(p) = &req.evaluation_profile {
+        crate::operations::check_text(p, "evaluationProfile", 0, 128)?;
+    }
+    let profile_override = req
+        .evaluation_profile
+        .as_deref()
+        .and_then(EvaluationProfile::parse);
+    let unknown_profile = req
+        .evaluation_profile
+        .as_deref()
+        .filter(|_| profile_override.is_none());
     let row = state
         .store
         .get_receipt(tenant, receipt_id)
@@ -278,6 +276,10 @@ pub async fn replay(
             return Err(ApiError::not_found("coefficient version"));
         }
         match (material, policy) {
+            (Some(_), Some(_)) if unknown_profile.is_some() => {
+                re.attempted = false;
+                partial = true;
+            }
             (Some(mut input), Some(policy)) => {
                 if let Some(p) = profile_override {
                     input.profile = p;
@@ -339,6 +341,15 @@ pub async fn replay(
         ReplayStatus::Matched
     };
     finish(state, tenant, &row, &mut resp, key_id).await;
+    if let (Some(p), Some(audit)) = (unknown_profile, resp.audit.as_mut()) {
+        audit.insert(
+            "evaluationProfile".into(),
+            json!({"requested": p, "known": false, "detail": format!(
+                "not a profile of this kernel ({}): not re-executed",
+                EvaluationProfile::ALL.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+            )}),
+        );
+    }
     Ok(resp)
 }
 

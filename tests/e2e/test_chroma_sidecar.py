@@ -520,6 +520,71 @@ def test_collection_deletion_is_governed_and_passes(chroma_direct, chroma_gated,
     assert upstream_recorder.requests(f"/collections/{name}", "DELETE")
 
 
+def test_a_delete_by_ids_and_a_filter_hides_only_what_the_store_deleted(chroma_direct, chroma_gated, gate_proxy, gate_api):
+    """Ids beside a `where` / `where_document` filter are candidates: Chroma deletes the ones
+    that match. A survivor stays readable through the gate (it used to be tombstoned and hidden
+    from every read while the store still held it)."""
+    direct, gated = collections(chroma_direct, chroma_gated, "condel")
+    ids, embs, docs, _ = benign_batch(3, seed=800)
+    gated.add(ids=ids, embeddings=embs, documents=docs, metadatas=[{"i": 1}, {"i": 5}, {"i": 7}])
+    outcome, problem = write_outcome(lambda: gated.delete(ids=["b0", "b1"], where={"i": 5}))
+    assert outcome == "passed", problem
+    assert set(stored(direct)) == {"b0", "b2"}
+    assert sorted(gated.get()["ids"]) == ["b0", "b2"]
+    assert "b0" in gated.query(query_embeddings=[embs[0]], n_results=3)["ids"][0]
+    # Nothing matches: nothing deleted, nothing hidden; the receipt binds the filter.
+    r = gate_proxy.post(
+        f"{API}/collections/{direct.id}/delete",
+        json={"ids": ["b2"], "where_document": {"$contains": "no such words"}},
+    )
+    assert r.status_code == 200, r.text
+    assert sorted(gated.get()["ids"]) == ["b0", "b2"]
+    receipt_id = r.headers["x-integrity-receipt"]
+    v = gate_api.get(f"/substrate/receipts/{receipt_id}").json()
+    assert find_delete_filter(v) == {"/where_document": {"$contains": "no such words"}}
+    # A delete by ids alone still hides what it deleted.
+    outcome, problem = write_outcome(lambda: gated.delete(ids=["b2"]))
+    assert outcome == "passed", problem
+    assert gated.get()["ids"] == ["b0"]
+
+
+def test_collection_metadata_is_judged_when_a_collection_is_created(chroma_direct, chroma_gated, upstream_recorder):
+    """Collection metadata, which agents may read as instructions, is judged on create and
+    get_or_create as it is on modify: poison never reaches the store; plain metadata does."""
+    for create in (chroma_gated.create_collection, chroma_gated.get_or_create_collection):
+        name = unique_name("poisonmeta")
+        try:
+            create(name, embedding_function=None, metadata={"description": POISONED["hidden_instruction"]})
+        except Exception:
+            pass  # blocked (403) or held (202, which the client cannot read as a collection)
+        assert name not in [c.name for c in chroma_direct.list_collections()]
+        assert not [e for e in upstream_recorder.requests("/collections") if name.encode() in e.body]
+    name = unique_name("plainmeta")
+    chroma_gated.get_or_create_collection(name, embedding_function=None, metadata={"team": "billing"})
+    assert chroma_direct.get_collection(name, embedding_function=None).metadata == {"team": "billing"}
+
+
+def test_a_clean_rewrite_replaces_an_earlier_annotation(chroma_direct, chroma_gated):
+    """Chroma merges the metadata of update and upsert into the stored record's: a clean
+    rewrite of a record an earlier write got annotated carries its own decision and receipt,
+    so the old warning never outlives the content it was about."""
+    direct, gated = collections(chroma_direct, chroma_gated, "restamp")
+    gated.add(
+        ids=["w"],
+        embeddings=vectors(1, DIM, seed=31),
+        documents=["Docs: see http://unknown-host.example.net/setup for the steps."],
+        metadatas=[{"a": 1}],
+    )
+    first = stored(direct)["w"][1]
+    assert first.get("_integrity_decision") in ANNOTATE_DECISIONS, first
+    for write in (gated.update, gated.upsert):
+        write(ids=["w"], embeddings=vectors(1, DIM, seed=32), documents=[BENIGN_DOCS[2]], metadatas=[{"a": 2}])
+        md = stored(direct)["w"][1]
+        assert md["a"] == 2 and md["_integrity_decision"] == "allow", md
+        assert md["_integrity_receipt"] != first["_integrity_receipt"], md
+        first = md
+
+
 def test_an_instruction_in_the_uris_column_is_read(chroma_direct, chroma_gated, upstream_recorder):
     """Chroma's `uris` column is read with the record's document (the pack's `scan`): an
     instruction placed there is held or blocked like one in the document."""

@@ -68,6 +68,10 @@ pub struct BasisFacts {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ActionInput {
+    /// The requesting tenant: action ids are the caller's choice, so the ids minted from one
+    /// are scoped by tenant (two tenants may pick the same action id).
+    #[serde(default)]
+    pub tenant: Uuid,
     pub action_id: Uuid,
     pub kind: ActionKind,
     pub target: String,
@@ -246,7 +250,14 @@ pub fn evaluate(input: &ActionInput, policy: &CompiledPolicy) -> ActionOutput {
         reasons.push("released".into());
     }
     ActionOutput {
-        verdict: verdict("action_release", &key, decision, outcome, reasons, gaps),
+        verdict: verdict(
+            "action_release",
+            &format!("{}:{key}", input.tenant),
+            decision,
+            outcome,
+            reasons,
+            gaps,
+        ),
         released,
         required_influence: required,
         required_authority: min_authority,
@@ -261,6 +272,7 @@ mod tests {
 
     fn input(basis: Vec<TraceFacts>, ceiling: f64) -> ActionInput {
         ActionInput {
+            tenant: Uuid::from_u128(1),
             action_id: Uuid::from_u128(77),
             kind: ActionKind::ExecuteTool,
             target: "payments.transfer".into(),
