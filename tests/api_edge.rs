@@ -102,6 +102,21 @@ async fn body_limits_media_type_and_malformed_json() {
         .unwrap();
     let (s, p) = status_json(r).await;
     assert_problem(s, &p, 415, "unsupported_media_type");
+    // A coded body is not read as if it were plain (nor a plain one labelled as coded).
+    for coding in ["gzip", "br", "identity, gzip"] {
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .bearer_auth(DEMO_KEY)
+            .header("content-type", "application/json")
+            .header("content-encoding", coding)
+            .body(signal_body(json!({})).to_string())
+            .send()
+            .await
+            .unwrap();
+        let (s, p) = status_json(r).await;
+        assert_problem(s, &p, 415, "unsupported_media_type");
+    }
     // 413 (default API limit 1 MiB), declared and streamed.
     let big = signal_body(json!({"payload": "x".repeat(1_100_000)}));
     let (s, p) = g.post(DEMO_KEY, "/substrate/signals/ingest", &big).await;

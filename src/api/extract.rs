@@ -114,6 +114,22 @@ pub async fn read_json_body(
     {
         return Err(ApiError::unsupported_media_type());
     }
+    // Bodies are read as sent: a coded body (gzip, br, ...) would be read as its compressed
+    // bytes, or a plain body labelled as coded read as if it were not (RFC 9110 §15.5.16: 415).
+    if let Some(coding) = req
+        .headers()
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+    {
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("Content-Encoding `{coding}` is not accepted; send the body uncoded"),
+        ));
+    }
     if let Some(len) = req
         .headers()
         .get(header::CONTENT_LENGTH)

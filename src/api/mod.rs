@@ -140,7 +140,7 @@ async fn as_problem(resp: Response) -> Response {
         413 => (status, "payload_too_large"),
         415 => (status, "unsupported_media_type"),
         429 => (status, "rate_limited"),
-        400..=499 => (StatusCode::BAD_REQUEST, "invalid_request"),
+        _ if status.is_client_error() => (StatusCode::BAD_REQUEST, "invalid_request"),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     };
     let detail = if detail.is_empty() {
