@@ -367,6 +367,83 @@ fn chroma_client_sent_annotations_are_replaced() {
     );
 }
 
+/// Routes added after session 11's audit of the packs against the stores' references: each
+/// matches the store's path with the kind it means.
+#[test]
+fn audited_routes_match() {
+    let t = table();
+    for (method, path, name, kind) in [
+        (
+            "POST",
+            "/collections/docs/shards/delete",
+            "delete_shard_key",
+            RouteKind::Delete,
+        ),
+        (
+            "DELETE",
+            "/collections/docs/vectors/image",
+            "delete_vector_name",
+            RouteKind::Delete,
+        ),
+        (
+            "POST",
+            "/v2/vectordb/entities/advanced_search",
+            "advanced_search",
+            RouteKind::Read,
+        ),
+        ("POST", "/v1/vector/search", "v1_search", RouteKind::Read),
+        ("POST", "/v1/vector/query", "v1_query", RouteKind::Read),
+        ("POST", "/v1/vector/get", "v1_get", RouteKind::Read),
+        (
+            "POST",
+            "/v1/vector/collections/drop",
+            "v1_drop_collection",
+            RouteKind::Delete,
+        ),
+        (
+            "POST",
+            "/v2/vectordb/aliases/drop",
+            "drop_alias",
+            RouteKind::Delete,
+        ),
+        ("POST", "/v1/aliases", "create_alias", RouteKind::Write),
+        (
+            "PUT",
+            "/v1/aliases/Current",
+            "update_alias",
+            RouteKind::Write,
+        ),
+        (
+            "DELETE",
+            "/v1/aliases/Current",
+            "delete_alias",
+            RouteKind::Delete,
+        ),
+    ] {
+        let m = t
+            .match_route(method, path)
+            .unwrap_or_else(|| panic!("{method} {path} is routed"));
+        assert_eq!(
+            (m.route.name.as_str(), m.route.kind),
+            (name, kind),
+            "{method} {path}"
+        );
+    }
+    // A Qdrant delete that names points and a shard key deletes only that shard's copies.
+    let r = route(&t, "qdrant", "delete_points");
+    assert!(r
+        .delete_conditions(&json!({"points": [1], "shard_key": "eu"}))
+        .is_some());
+    // Pinecone documents: the reserved vector member is not read as text.
+    let r = route(&t, "pinecone", "upsert_documents");
+    let recs = r
+        .extract_records(
+            &json!({"documents": [{"_id": "d1", "title": "hello", "_values": [0.1, 0.2]}]}),
+        )
+        .unwrap();
+    assert_eq!(recs[0].metadata, Some(json!({"title": "hello"})));
+}
+
 /// Routes whose store merges metadata into the stored record's annotate every admitted record
 /// (the writer passes a note for plain allows too); an add does not.
 #[test]
