@@ -30,6 +30,16 @@ pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
     .expect("metric"))
 });
+pub static CONNECTIONS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    reg(IntCounterVec::new(
+        Opts::new(
+            "substrate_gate_connections_refused_total",
+            "Client connections closed on accept because the listener held limits.max_client_connections",
+        ),
+        &["listener"],
+    )
+    .expect("metric"))
+});
 pub static DECISIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     reg(IntCounterVec::new(
         Opts::new(
@@ -162,6 +172,7 @@ pub static CONFIG_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
 /// Touches every metric so `/metrics` lists them all from the first scrape.
 pub fn init() {
     LazyLock::force(&HTTP_REQUESTS);
+    LazyLock::force(&CONNECTIONS_REFUSED);
     LazyLock::force(&DECISIONS);
     LazyLock::force(&KERNEL_LATENCY);
     LazyLock::force(&KERNEL_CACHE);

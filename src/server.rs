@@ -82,6 +82,7 @@ pub async fn serve(path: &Path) -> Result<(), String> {
     );
 
     let api_task = tokio::spawn(serve_bounded(
+        "api",
         api,
         crate::api::router(state.clone()),
         state.clone(),
@@ -100,6 +101,7 @@ pub async fn serve(path: &Path) -> Result<(), String> {
         }),
     );
     tokio::spawn(serve_bounded(
+        "metrics",
         metrics,
         metrics_router,
         state.clone(),
@@ -135,6 +137,7 @@ pub async fn serve(path: &Path) -> Result<(), String> {
 /// no connection is accepted any more, in-flight requests finish, and this returns when the last
 /// connection has closed.
 async fn serve_bounded(
+    name: &'static str,
     listener: TcpListener,
     router: axum::Router,
     state: Arc<AppState>,
@@ -144,6 +147,8 @@ async fn serve_bounded(
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
     let (open_tx, _) = tokio::sync::watch::channel(());
+    // Connections open now (`limits.max_client_connections` at most; one beyond is closed at once).
+    let open_now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {
@@ -158,7 +163,23 @@ async fn serve_bounded(
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
         };
         let _ = stream.set_nodelay(true);
-        let head_timeout = Duration::from_millis(state.runtime().config.limits.body_timeout_ms);
+        let (head_timeout, max) = {
+            let rt = state.runtime();
+            let l = &rt.config.limits;
+            (
+                Duration::from_millis(l.body_timeout_ms),
+                l.max_client_connections,
+            )
+        };
+        if open_now.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= max {
+            open_now.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            crate::metrics::CONNECTIONS_REFUSED
+                .with_label_values(&[name])
+                .inc();
+            drop(stream);
+            continue;
+        }
+        let counted = open_now.clone();
         let service = TowerToHyperService::new(router.clone());
         let mut conn_stop = stop.clone();
         let open = open_tx.subscribe();
@@ -183,6 +204,7 @@ async fn serve_bounded(
                 }
             }
             drop(open);
+            counted.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         });
     }
     drop(listener);

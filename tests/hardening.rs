@@ -776,3 +776,74 @@ async fn slow_clients_are_cut_off() {
     assert_eq!(before, g.table_counts().await, "slow requests left rows");
     assert_alive(&g).await;
 }
+
+/// The proxy listener, like the API's: a connection that sends nothing, and a kept-alive one
+/// that sends no next request, are closed once `limits.body_timeout_ms` passes (Pingora waits
+/// for a new connection's first bytes, and for the next request after a keep-alive answer,
+/// without a time bound of its own); past `limits.max_client_connections` open connections a
+/// new one is closed at once, and once idle ones are gone the listener serves again.
+#[tokio::test]
+async fn proxy_connections_are_bounded_in_time_and_number() {
+    let up =
+        common::upstream::Upstream::start(|_| common::upstream::Reply::ok(json!({"ok": true})))
+            .await;
+    let mut o = GateOptions::new(Backend::Sqlite);
+    o.upstream = up.addr.clone();
+    o.limits = format!("body_timeout_ms = {BODY_TIMEOUT_MS}\nmax_client_connections = 8");
+    let g = Gate::start(o).await;
+    let a = g.proxy.trim_start_matches("http://").to_string();
+    let bound = Duration::from_millis(BODY_TIMEOUT_MS);
+
+    // Nothing sent: closed after the bound.
+    let r = raw(&a, &[], Duration::ZERO, Duration::from_secs(15)).await;
+    assert!(
+        r.elapsed < bound * 4,
+        "an idle connection was held for {:?}",
+        r.elapsed
+    );
+
+    // One request answered with keep-alive, then nothing: closed after the bound too.
+    let get = b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: store\r\n\r\n".to_vec();
+    let r = raw(&a, &[get.clone()], Duration::ZERO, Duration::from_secs(15)).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(
+        r.elapsed < bound * 4,
+        "a kept-alive connection was held for {:?}",
+        r.elapsed
+    );
+
+    // h2c still works through the guard (its preface is the first bytes).
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let resp = h2
+        .get(format!("{}/api/v2/heartbeat", g.proxy))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    drop(h2);
+
+    // Eight idle connections fill the listener: a ninth is closed at once, unanswered.
+    let mut idle = vec![];
+    for _ in 0..8 {
+        idle.push(TcpStream::connect(&a).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    let r = raw(&a, &[get.clone()], Duration::ZERO, Duration::from_secs(5)).await;
+    assert_eq!(r.status, 0, "served past the cap: {}", r.head);
+    assert!(
+        t.elapsed() < bound,
+        "the refused connection was held {:?}",
+        t.elapsed()
+    );
+    // The API listener is not affected by the proxy's.
+    assert_alive(&g).await;
+    // Once the idle ones are cut off, the proxy serves again.
+    tokio::time::sleep(bound * 2).await;
+    let r = raw(&a, &[get], Duration::ZERO, Duration::from_secs(5)).await;
+    assert_eq!(r.status, 200, "{}", r.head);
+    drop(idle);
+}

@@ -362,6 +362,12 @@ pub fn validate(c: &Config, problems: &mut Vec<ConfigProblem>) {
     if c.limits.body_timeout_ms == 0 {
         problems.push(problem("limits.body_timeout_ms", "must be greater than 0"));
     }
+    if c.limits.max_client_connections == 0 || c.limits.max_client_connections > 1_000_000 {
+        problems.push(problem(
+            "limits.max_client_connections",
+            "must be 1 to 1000000",
+        ));
+    }
     if tracing_subscriber::EnvFilter::try_new(&c.logging.level).is_err() {
         problems.push(problem(
             "logging.level",

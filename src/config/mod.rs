@@ -156,9 +156,15 @@ pub struct Limits {
     /// Deepest JSON nesting accepted anywhere.
     #[serde(default = "default_json_depth")]
     pub json_max_depth: usize,
-    /// Time a client gets to send a whole request body (slowloris bound).
+    /// Time a client gets to send a whole request body (slowloris bound); also how long a
+    /// connection may wait for its next request's head (idle keep-alive, a connection that
+    /// sends nothing) on the API and proxy listeners.
     #[serde(default = "default_body_timeout")]
     pub body_timeout_ms: u64,
+    /// Client connections each listener (api, proxy) holds open at once; one beyond is closed
+    /// as soon as it is accepted, so idle clients cannot take every file descriptor.
+    #[serde(default = "default_max_client_connections")]
+    pub max_client_connections: usize,
 }
 
 impl Default for Limits {
@@ -169,6 +175,7 @@ impl Default for Limits {
             proxy_response_bytes: default_proxy_response(),
             json_max_depth: default_json_depth(),
             body_timeout_ms: default_body_timeout(),
+            max_client_connections: default_max_client_connections(),
         }
     }
 }
@@ -451,6 +458,9 @@ fn default_json_depth() -> usize {
 }
 fn default_body_timeout() -> u64 {
     30_000
+}
+fn default_max_client_connections() -> usize {
+    4096
 }
 fn default_log_level() -> String {
     "info".into()

@@ -44,6 +44,80 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use std::sync::{Arc, LazyLock};
 use uuid::Uuid;
 
+/// `limits.body_timeout_ms` in whole seconds (at least one): Pingora counts keep-alive in
+/// seconds, and 0 would mean for ever.
+fn idle_secs(state: &AppState) -> u64 {
+    state
+        .runtime()
+        .config
+        .limits
+        .body_timeout_ms
+        .div_ceil(1000)
+        .max(1)
+}
+
+/// The proxy listener's connections, before Pingora's HTTP handling: at most
+/// `limits.max_client_connections` at once (one beyond is closed as soon as it is accepted), and a
+/// connection that sends nothing is closed after `limits.body_timeout_ms`. Pingora waits for a
+/// new connection's first bytes (looking for an h2c preface) without a time bound, so without
+/// this guard idle connections were held for ever and enough of them took every file
+/// descriptor of the process, the API's included.
+pub struct Guarded {
+    inner: Arc<pingora_proxy::HttpProxy<GateProxy>>,
+    state: Arc<AppState>,
+    open: std::sync::atomic::AtomicUsize,
+}
+
+/// One open connection, counted until it is dropped.
+struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+#[async_trait]
+impl pingora_core::apps::ServerApp for Guarded {
+    async fn process_new(
+        self: &Arc<Self>,
+        mut stream: pingora_core::protocols::Stream,
+        shutdown: &pingora_core::server::ShutdownWatch,
+    ) -> Option<pingora_core::protocols::Stream> {
+        let (max, wait) = {
+            let rt = self.state.runtime();
+            let l = &rt.config.limits;
+            (
+                l.max_client_connections,
+                std::time::Duration::from_millis(l.body_timeout_ms),
+            )
+        };
+        let open = self.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        let _slot = Slot(&self.open);
+        if open > max {
+            crate::metrics::CONNECTIONS_REFUSED
+                .with_label_values(&["proxy"])
+                .inc();
+            return None;
+        }
+        let mut first = [0u8; 1];
+        let mut stop = shutdown.clone();
+        tokio::select! {
+            r = tokio::time::timeout(wait, stream.try_peek(&mut first)) => match r {
+                Ok(Ok(_)) => {}
+                // Nothing arrived in time, or the connection failed: close it.
+                _ => return None,
+            },
+            _ = stop.changed() => return None,
+        }
+        self.inner.process_new(stream, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await
+    }
+}
+
 /// This process, as the journal knows it: start-up reconciliation judges only the rows of
 /// processes that are gone.
 pub static INSTANCE_ID: LazyLock<Uuid> = LazyLock::new(Uuid::new_v4);
@@ -78,6 +152,13 @@ impl ProxyHttp for GateProxy {
         _ctx: &mut Self::CTX,
     ) -> Result<()> {
         session.downstream_session.set_pipelining_enabled(true);
+        // An HTTP/1.1 connection kept alive waits for its next request at most as long as a
+        // body may take (Pingora's default after a request is to wait for ever).
+        let idle = idle_secs(&self.state);
+        match session.downstream_session.get_keepalive() {
+            Some(t) if t == 0 || t > idle => session.downstream_session.set_keepalive(Some(idle)),
+            _ => {}
+        }
         Ok(())
     }
 
@@ -212,14 +293,26 @@ pub fn run(
                 state: state.clone(),
                 grace: std::time::Duration::from_secs(grace),
             };
-            let mut svc =
-                pingora_proxy::http_proxy_service(&server.configuration, GateProxy { state });
-            if let Some(app) = svc.app_logic_mut() {
-                // non_exhaustive: start from the default and turn on h2c.
-                let mut opts = pingora_core::apps::HttpServerOptions::default();
-                opts.h2c = true;
-                app.server_options = Some(opts);
-            }
+            let mut proxy = pingora_proxy::HttpProxy::new(
+                GateProxy {
+                    state: state.clone(),
+                },
+                server.configuration.clone(),
+            );
+            proxy.handle_init_modules();
+            // non_exhaustive: start from the default and turn on h2c.
+            let mut opts = pingora_core::apps::HttpServerOptions::default();
+            opts.h2c = true;
+            proxy.server_options = Some(opts);
+            let app = Guarded {
+                inner: Arc::new(proxy),
+                state,
+                open: std::sync::atomic::AtomicUsize::new(0),
+            };
+            let mut svc = pingora_core::services::listening::Service::new(
+                "Pingora HTTP Proxy Service".to_string(),
+                app,
+            );
             svc.add_tcp(&addr);
             server.add_service(svc);
             server.run(RunArgs {

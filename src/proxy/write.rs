@@ -517,7 +517,22 @@ pub fn record_signal(
     // cleaned up, say) is never stored nor retrieved, so it is not read as content. The signal
     // says what is deleted; the receipt's context binds the filter.
     let payload = match (deleting, rec.id.as_deref()) {
-        (false, _) => rec.signal_text().into_owned(),
+        (false, _) => {
+            let mut text = rec.signal_text().into_owned();
+            // An id that reads as words (it has white space in it) is read with the record: a
+            // store answers ids in every read, and the agent reads them too.
+            if let Some(rid) = rec
+                .id
+                .as_deref()
+                .filter(|r| r.contains(char::is_whitespace))
+            {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(rid);
+            }
+            text
+        }
         (true, Some(_)) => "delete one record by its id".to_string(),
         (true, None) => "delete the records a filter or the request path selects".to_string(),
     };

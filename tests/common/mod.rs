@@ -284,8 +284,33 @@ impl Gate {
         g
     }
 
-    /// Starts (or restarts) the process and waits until `/readyz` answers 200.
+    /// Starts (or restarts) the process and waits until `/readyz` answers 200. A restart can
+    /// find one of its ports taken for a moment: while the gate was down, the kernel may have
+    /// handed the port to another process's outgoing connection as its ephemeral port. Such a
+    /// start is tried again until the port is free (within the start deadline).
     pub async fn spawn(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let before = std::fs::metadata(&self.log_path)
+                .map(|m| m.len())
+                .unwrap_or(0);
+            match self.spawn_once(deadline).await {
+                Ok(()) => return,
+                Err(status) => {
+                    let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+                    let this_start = text.get(before as usize..).unwrap_or_default();
+                    if this_start.contains("Address already in use") && Instant::now() < deadline {
+                        eprintln!("gate start: a port was taken ({status}); trying again");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    panic!("gate exited with {status} during start:\n{}", self.log());
+                }
+            }
+        }
+    }
+
+    async fn spawn_once(&mut self, deadline: Instant) -> Result<(), std::process::ExitStatus> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -300,19 +325,18 @@ impl Gate {
             .spawn()
             .expect("start substrate-gate");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = self.client.get(format!("{}/readyz", self.api)).send().await {
                 // The proxy listener runs on its own (Pingora) thread and may bind a moment
                 // after the API answers: wait for it too.
                 let proxy = format!("127.0.0.1:{}", self.ports.1);
                 if r.status().is_success() && tokio::net::TcpStream::connect(&proxy).await.is_ok() {
-                    return;
+                    return Ok(());
                 }
             }
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
-                    panic!("gate exited with {status} during start:\n{}", self.log());
+                    return Err(status);
                 }
             }
             if Instant::now() > deadline {
