@@ -45,7 +45,27 @@ pub fn sha256_hex(s: &str) -> String {
     hex::encode(sha2::Sha256::digest(s.as_bytes()))
 }
 
+/// A port to listen on, below the kernel's ephemeral range (32768-60999 here): a port asked of
+/// the kernel (`bind(:0)`) comes from that range, and in the moment between handing it out and
+/// the gate binding it, any outgoing connection (a database pool's, say, which then lives as
+/// long as its gate) could be given the same port as its local one. Ports handed out once in
+/// this process are not handed out again.
 pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for _ in 0..10_000 {
+        let port = 10_000 + (uuid::Uuid::new_v4().as_u128() % 22_000) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -229,7 +229,26 @@ def _missing(request, what: str) -> None:
     pytest.skip(what + " (run with -m e2e to make this a failure)")
 
 
+_GIVEN_PORTS: set = set()
+
+
 def free_port() -> int:
+    """A port below the kernel's ephemeral range (32768-60999): one asked of the kernel comes
+    from that range, and an outgoing connection could be given it as its local port before the
+    gate or Chroma binds it. Ports handed out once are not handed out again."""
+    import random
+
+    for _ in range(10_000):
+        port = random.randrange(10_000, 32_000)
+        if port in _GIVEN_PORTS:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN_PORTS.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
