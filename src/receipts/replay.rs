@@ -90,6 +90,9 @@ pub async fn replay(
         .evaluation_profile
         .as_deref()
         .filter(|_| profile_override.is_none());
+    // Set when a kernel receipt was not re-executed for that reason (an operation's receipt
+    // re-runs its operation, which has no profile).
+    let mut not_reexecuted: Option<&str> = None;
     let row = state
         .store
         .get_receipt(tenant, receipt_id)
@@ -279,6 +282,7 @@ pub async fn replay(
             (Some(_), Some(_)) if unknown_profile.is_some() => {
                 re.attempted = false;
                 partial = true;
+                not_reexecuted = unknown_profile;
             }
             (Some(mut input), Some(policy)) => {
                 if let Some(p) = profile_override {
@@ -341,7 +345,7 @@ pub async fn replay(
         ReplayStatus::Matched
     };
     finish(state, tenant, &row, &mut resp, key_id).await;
-    if let (Some(p), Some(audit)) = (unknown_profile, resp.audit.as_mut()) {
+    if let (Some(p), Some(audit)) = (not_reexecuted, resp.audit.as_mut()) {
         audit.insert(
             "evaluationProfile".into(),
             json!({"requested": p, "known": false, "detail": format!(
