@@ -46,9 +46,11 @@ use uuid::Uuid;
 
 /// `limits.body_timeout_ms` in whole seconds (at least one): Pingora counts keep-alive in
 /// seconds, and 0 would mean for ever.
+/// Read on every proxied request: a borrowed load of the config, not an `Arc` clone.
 fn idle_secs(state: &AppState) -> u64 {
     state
-        .runtime()
+        .runtime
+        .load()
         .config
         .limits
         .body_timeout_ms
