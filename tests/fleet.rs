@@ -321,3 +321,52 @@ async fn export_verifies_offline_and_finds_an_altered_line() {
         .status
         .success());
 }
+
+/// A row of the chain held by another session (a gate of the fleet frozen mid-transaction, an
+/// operator's `SELECT ... FOR UPDATE`): a write waits for it at most the lock timeout, then
+/// fails closed with a 503 problem, instead of holding its client without bound.
+#[tokio::test]
+async fn a_write_waits_for_a_held_lock_only_so_long_then_fails_closed() {
+    if !backends().contains(&Backend::Postgres) {
+        return;
+    }
+    let db = fresh_postgres_db().await;
+    let mut opts = GateOptions::new(Backend::Postgres);
+    opts.storage_url = Some(db.clone());
+    let g = Gate::start(opts).await;
+    // One evaluation creates the tenant's chain head.
+    let id = g
+        .ingest(DEMO_KEY, signal_body(json!({"payload": "first note"})))
+        .await;
+    g.evaluate(DEMO_KEY, &id).await;
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT * FROM receipt_heads FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let id = g
+        .ingest(DEMO_KEY, signal_body(json!({"payload": "second note"})))
+        .await;
+    let started = std::time::Instant::now();
+    let (s, v) = g
+        .post(
+            DEMO_KEY,
+            "/substrate/integrity/evaluate",
+            &json!({"signalId": id}),
+        )
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(s, 503, "{v}");
+    assert!(waited < Duration::from_secs(20), "waited {waited:?}");
+    tx.rollback().await.unwrap();
+    // Once the lock is gone, the same evaluation goes through.
+    let e = g.evaluate(DEMO_KEY, &id).await;
+    assert!(e["receipt"]["id"].is_string(), "{e}");
+}

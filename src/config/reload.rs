@@ -37,8 +37,17 @@ pub async fn reload(state: &AppState) -> Reloaded {
     };
     let old = state.runtime();
     let built = tokio::task::spawn_blocking(move || {
-        let loaded = crate::config::load(&path)
+        let mut loaded = crate::config::load(&path)
             .map_err(|ps| ps.iter().map(|p| p.to_string()).collect::<Vec<_>>())?;
+        if let Some(problem) = drops_governance(&old.config, &loaded.config) {
+            return Err(vec![problem]);
+        }
+        for key in keep_restart_only(&old.config, &mut loaded.config) {
+            tracing::warn!(
+                key,
+                "config reload: this setting only changes at a restart; the running value stays"
+            );
+        }
         Runtime::build(loaded, Some(&old)).map_err(|e| vec![e])
     })
     .await
@@ -73,6 +82,59 @@ pub async fn reload(state: &AppState) -> Reloaded {
             Reloaded::Swapped { version }
         }
     }
+}
+
+/// A reload may not turn governance off: a file that lost every tenant or every filter pack (an
+/// editor's half-written save, an empty ConfigMap key, a broken template) is refused, not
+/// applied. Running without them takes a restart, where the operator sees what starts.
+fn drops_governance(
+    running: &crate::config::Config,
+    new: &crate::config::Config,
+) -> Option<String> {
+    if !running.tenants.is_empty() && new.tenants.is_empty() {
+        return Some(
+            "the new config names no tenant (the running one has some): a reload may not remove \
+             every tenant; restart the gate to run without any"
+                .into(),
+        );
+    }
+    if !running.proxy.packs.is_empty() && new.proxy.packs.is_empty() {
+        return Some(
+            "the new config names no filter pack (the running one has some): a reload may not \
+             stop governing every proxied write; restart the gate to run without packs"
+                .into(),
+        );
+    }
+    None
+}
+
+/// Settings that only take effect at start-up (the listeners' addresses and threads, the
+/// database): the new config keeps the running values, so the runtime, its version and the
+/// `config_info` metric describe what runs. Returns the keys that differed.
+fn keep_restart_only(
+    running: &crate::config::Config,
+    new: &mut crate::config::Config,
+) -> Vec<&'static str> {
+    let mut kept = Vec::new();
+    let l = (&running.listeners, &mut new.listeners);
+    if l.0.api != l.1.api {
+        kept.push("listeners.api");
+    }
+    if l.0.proxy != l.1.proxy {
+        kept.push("listeners.proxy");
+    }
+    if l.0.metrics != l.1.metrics {
+        kept.push("listeners.metrics");
+    }
+    if l.0.proxy_threads != l.1.proxy_threads {
+        kept.push("listeners.proxy_threads");
+    }
+    *l.1 = l.0.clone();
+    if running.storage != new.storage {
+        kept.push("storage");
+        new.storage = running.storage.clone();
+    }
+    kept
 }
 
 async fn emit(state: &AppState, name: &str, data: serde_json::Value) {

@@ -225,17 +225,34 @@ impl Store {
         } else {
             let opts = PgConnectOptions::from_str(&url)
                 .map_err(|e| StoreError::Unavailable(format!("bad postgres url: {e}")))?;
+            // Several gates may start at once against one database: migrations
+            // take sqlx's advisory lock, so exactly one applies them (and the others
+            // wait for it as long as it takes: this connection has no lock timeout).
+            let migrating = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(acquire)
+                .connect_with(opts.clone())
+                .await?;
+            POSTGRES_MIGRATOR
+                .run(&migrating)
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
+            migrating.close().await;
+            // A write waits at most 5 s for a lock (as SQLite's busy timeout): a row held by
+            // another session (a gate of the fleet frozen mid-transaction, a manual `SELECT ...
+            // FOR UPDATE`) fails the write closed (503) instead of holding its client without
+            // bound and landing long after the client gave up. A transaction left idle for
+            // 30 s (its gate frozen or partitioned away) is ended by the server, releasing
+            // what it held for the rest of the fleet.
+            let opts = opts.options([
+                ("lock_timeout", "5s"),
+                ("idle_in_transaction_session_timeout", "30s"),
+            ]);
             let pool = PgPoolOptions::new()
                 .max_connections(cfg.max_connections)
                 .acquire_timeout(acquire)
                 .connect_with(opts)
                 .await?;
-            // Several gates may start at once against one database: migrations
-            // take sqlx's advisory lock, so exactly one applies them.
-            POSTGRES_MIGRATOR
-                .run(&pool)
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
             Backend::Postgres(pool)
         };
         let (group, group_inbox) = group::channel();
