@@ -1302,3 +1302,89 @@ async fn sigterm_drains_proxied_writes_and_settles_their_journal() {
         }
     }
 }
+
+async fn trace_phase(g: &Gate) -> Option<&'static str> {
+    for p in [
+        "proposed",
+        "working",
+        "accepted",
+        "untrusted",
+        "quarantined",
+        "revoked",
+        "tombstoned",
+        "canonical",
+        "superseded",
+    ] {
+        if g.count(&format!("SELECT count(*) FROM traces WHERE phase = '{p}'"))
+            .await
+            > 0
+        {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// A write the store refuses (it answers an error, or cannot be reached) leaves the record's
+/// trace where it was: the trace describes what the store holds. Otherwise a low-trust writer
+/// could clear the mark on a stored record by sending a write the store rejects.
+#[tokio::test]
+async fn a_write_the_store_refuses_leaves_the_records_trace_as_it_was() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::sync::Arc;
+    for b in backends() {
+        let answer = Arc::new(AtomicU16::new(201));
+        let a = answer.clone();
+        let up = Upstream::start(move |s| {
+            let status = a.load(Ordering::SeqCst);
+            if s.method == "POST" && s.path() == "/memories" && status != 201 {
+                return Reply::json(status, json!({"error": "refused"}));
+            }
+            memory_store(s)
+        })
+        .await;
+        let g = gate_for(b, &up, |_| {}).await;
+        let write = |id: &'static str, text: &'static str| {
+            send(
+                &g,
+                "POST",
+                "/memories",
+                Some(json!({"id": id, "text": text})),
+            )
+        };
+        let r = write("t1", "I observed that the server was down at 3am.").await;
+        assert_eq!(r.status(), 201, "{b:?}");
+        let before = trace_phase(&g).await;
+        assert!(before.is_some(), "{b:?}: the stored record has a trace");
+        assert_eq!(g.count("SELECT count(*) FROM traces").await, 1);
+
+        for status in [400u16, 500] {
+            answer.store(status, Ordering::SeqCst);
+            let r = write("t1", BENIGN).await;
+            assert_eq!(r.status(), status, "{b:?}: the store's answer is relayed");
+            // A new record the store refuses gets no trace at all.
+            let r = write("t2", BENIGN).await;
+            assert_eq!(r.status(), status);
+            let mut same = false;
+            for _ in 0..100 {
+                if trace_phase(&g).await == before
+                    && g.count("SELECT count(*) FROM traces").await == 1
+                {
+                    same = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(
+                same,
+                "{b:?}: after a {status} the trace is still {before:?} and no new one stays (now {:?}, {} traces)",
+                trace_phase(&g).await,
+                g.count("SELECT count(*) FROM traces").await
+            );
+        }
+        // Accepted again: the write moves the trace as usual.
+        answer.store(201, Ordering::SeqCst);
+        assert_eq!(write("t2", BENIGN).await.status(), 201);
+        assert_eq!(wait_count(&g, "SELECT count(*) FROM traces", 2).await, 2);
+    }
+}

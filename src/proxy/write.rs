@@ -485,10 +485,22 @@ pub async fn handle(
     } else {
         Vec::new()
     };
+    // The traces this write moved (see `judge::commit`), put back if the store refuses it.
+    let restores: Vec<crate::store::TraceRestore> = outcomes
+        .iter()
+        .zip(&judged)
+        .filter(|(o, j)| o.action.forwards() && j.output.transition.enforced)
+        .map(|(o, j)| crate::store::TraceRestore {
+            trace: j.input.signal.trace_id,
+            receipt: o.receipt,
+            prior: j.input.basis.phase.map(|p| (p, j.input.basis.influence)),
+        })
+        .collect();
     let settle = Settle {
         request_id: Some(request_id),
         tenant,
         tombstones,
+        restores,
     };
     let store = Some(proxy.state.store.clone());
     forward(session, &rt, store, forward_body, &headers, settle).await
@@ -593,6 +605,7 @@ async fn unavailable(
         request_id: None,
         tenant: Uuid::nil(),
         tombstones: Vec::new(),
+        restores: Vec::new(),
     };
     forward(session, rt, None, body, &headers, settle).await
 }
@@ -653,6 +666,25 @@ pub(super) struct Settle {
     request_id: Option<Uuid>,
     tenant: Uuid,
     tombstones: Vec<Uuid>,
+    /// Traces the write moved before dispatch: put back when the store does not take it.
+    restores: Vec<crate::store::TraceRestore>,
+}
+
+impl Settle {
+    /// The store did not take the write: its records' traces go back to where they were (a
+    /// record's trace describes what the store holds; a refused write must not clear the
+    /// marks of what it still holds).
+    fn restore(self, store: &Arc<crate::store::Store>) {
+        if self.restores.is_empty() {
+            return;
+        }
+        let (store, tenant, restores) = (store.clone(), self.tenant, self.restores);
+        tokio::spawn(async move {
+            if let Err(e) = store.restore_traces(tenant, restores).await {
+                tracing::error!(error = %e, "could not restore the traces of a refused write");
+            }
+        });
+    }
 }
 
 /// Sends the (rewritten) request upstream and streams the answer back with the gate's headers;
@@ -710,6 +742,9 @@ pub(super) async fn forward(
                     "failed"
                 };
                 store.settle_dispatch_soon(rid, verdict, None, Some(error.to_string()));
+                if !maybe_applied {
+                    settle.restore(&store);
+                }
             }
             write_problem(session, status, code, &detail, Value::Null, headers).await?;
             Ok(true)
@@ -726,7 +761,11 @@ pub(super) async fn forward(
                 };
                 store.settle_dispatch_soon(rid, verdict, Some(status), None);
             }
-            if (200..300).contains(&status) && !settle.tombstones.is_empty() {
+            if !(200..300).contains(&status) {
+                if let Some(store) = &state_store {
+                    settle.restore(store);
+                }
+            } else if !settle.tombstones.is_empty() {
                 if let Some(store) = state_store {
                     let (tenant, ids) = (settle.tenant, settle.tombstones);
                     tokio::spawn(async move {

@@ -34,13 +34,18 @@ pub(super) struct Changes {
     pub traces: Vec<(Uuid, Uuid, TracePhase, AllowedInfluence)>,
     /// Traces set tombstoned where they exist (a confirmed delete).
     pub tombstoned: Vec<(Uuid, Uuid)>,
+    /// Traces removed (a write that created them was refused by the store).
+    pub removed: Vec<(Uuid, Uuid)>,
     /// A receipt appended for a source: (tenant, source, refused).
     pub receipts: Vec<(Uuid, String, bool)>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.traces.is_empty() && self.tombstoned.is_empty() && self.receipts.is_empty()
+        self.traces.is_empty()
+            && self.tombstoned.is_empty()
+            && self.removed.is_empty()
+            && self.receipts.is_empty()
     }
 }
 
@@ -194,6 +199,9 @@ impl MemoryBasis {
             if let Some(s) = st.traces.get_mut(key) {
                 *s = (TracePhase::Tombstoned, AllowedInfluence::None);
             }
+        }
+        for key in &c.removed {
+            st.traces.remove(key);
         }
         for (tenant, source, refused) in &c.receipts {
             let kept = st.sources.get_mut(tenant).and_then(|s| s.get_mut(source));

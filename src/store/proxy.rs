@@ -10,6 +10,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use uuid::Uuid;
 
+/// A trace moved by a write the store then refused, and what it was before (see
+/// [`Store::restore_traces`]).
+#[derive(Debug, Clone)]
+pub struct TraceRestore {
+    pub trace: Uuid,
+    /// The refused write's receipt (the trace's last receipt if nothing moved it since).
+    pub receipt: Uuid,
+    pub prior: Option<(TracePhase, AllowedInfluence)>,
+}
+
 /// Ids per `IN (...)` list.
 const IN_CHUNK: usize = 500;
 
@@ -419,6 +429,60 @@ impl Store {
         let ids = ids.to_vec();
         self.to_completion(|store| async move { store.tombstone_traces_now(tenant, &ids).await })
             .await
+    }
+
+    /// Puts back the traces a refused write moved: the store did not take the write (it
+    /// answered an error, or was never reached), so each record's trace goes back to what it
+    /// was before (`None`: there was none, and it is removed). A trace a later write has moved
+    /// since (its last receipt is no longer `receipt`) is left as that write left it.
+    pub async fn restore_traces(&self, tenant: Uuid, restores: Vec<TraceRestore>) -> Result<()> {
+        self.to_completion(|store| async move { store.restore_traces_now(tenant, &restores).await })
+            .await
+    }
+
+    async fn restore_traces_now(&self, tenant: Uuid, restores: &[TraceRestore]) -> Result<()> {
+        let tenant_s = tenant.to_string();
+        let at = now();
+        let _order = self.basis_order().await;
+        let mut changes = super::memory::Changes::default();
+        for r in restores {
+            let done = with_pool!(self, write, |p, _d| {
+                match r.prior {
+                    Some((phase, influence)) => sqlx::query(
+                        "UPDATE traces SET phase = $1, influence = $2, updated_at = $3 \
+                         WHERE tenant_id = $4 AND id = $5 AND last_receipt_id = $6",
+                    )
+                    .bind(phase.as_str())
+                    .bind(influence.as_str())
+                    .bind(&at)
+                    .bind(&tenant_s)
+                    .bind(r.trace.to_string())
+                    .bind(r.receipt.to_string())
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                    None => sqlx::query(
+                        "DELETE FROM traces WHERE tenant_id = $1 AND id = $2 AND last_receipt_id = $3",
+                    )
+                    .bind(&tenant_s)
+                    .bind(r.trace.to_string())
+                    .bind(r.receipt.to_string())
+                    .execute(p)
+                    .await?
+                    .rows_affected(),
+                }
+            });
+            if done > 0 {
+                match r.prior {
+                    Some((phase, influence)) => {
+                        changes.traces.push((tenant, r.trace, phase, influence))
+                    }
+                    None => changes.removed.push((tenant, r.trace)),
+                }
+            }
+        }
+        self.applied(&changes);
+        Ok(())
     }
 
     async fn tombstone_traces_now(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
