@@ -1395,3 +1395,70 @@ async fn lifecycle_routes_coordination_and_openapi() {
         }
     }
 }
+
+/// Releases of one action id sent at once (to one gate here; the fleet is the same: the check
+/// runs under the chain's lock in the database): one release is journaled, and every caller
+/// gets its answer; the same id for another action is a 409, never a second `released`.
+#[tokio::test]
+async fn concurrent_releases_of_one_action_id_release_it_once() {
+    for b in backends() {
+        let g = std::sync::Arc::new(gate(b).await);
+        let basis =
+            execution_basis(&g, "Rotate the staging database credentials every Monday.").await;
+        for round in 0..3 {
+            let id = uuid::Uuid::new_v4().to_string();
+            let same = json!({"action": {"id": id, "kind": "execute_tool", "target": "vault.rotate"}, "basis": [basis]});
+            let other = json!({"action": {"id": id, "kind": "deploy_code", "target": "prod"}, "basis": [basis]});
+            let mut tasks = vec![];
+            for i in 0..6 {
+                let (g, body) = (g.clone(), if i == 5 { other.clone() } else { same.clone() });
+                tasks.push(tokio::spawn(async move {
+                    g.post(DEMO_KEY, "/substrate/actions/release", &body).await
+                }));
+            }
+            let mut receipts = std::collections::BTreeSet::new();
+            let (mut other_released, mut same_refused) = (false, 0);
+            for (i, t) in tasks.into_iter().enumerate() {
+                let (s, v) = t.await.unwrap();
+                if s == 200 {
+                    assert_eq!(v["released"], true, "{v}");
+                    if i == 5 {
+                        other_released = true;
+                    } else {
+                        receipts.insert(receipt_of(&v));
+                    }
+                } else {
+                    assert_problem(s, &v, 409, "conflict");
+                    if i != 5 {
+                        same_refused += 1;
+                    }
+                }
+            }
+            // Whichever action committed first owns the id; the other gets 409s only.
+            assert!(
+                other_released != (same_refused == 0),
+                "{b:?} round {round}: other released {other_released}, same refused {same_refused}"
+            );
+            assert!(
+                !other_released || same_refused == 5,
+                "{b:?} round {round}: both actions released under one id"
+            );
+            let stored = g
+                .count(&format!("SELECT count(*) FROM receipts WHERE kind = 'action_release' AND result LIKE '%{id}%'"))
+                .await;
+            if other_released {
+                assert!(
+                    receipts.is_empty(),
+                    "{b:?}: the other action won, the same ones got 409"
+                );
+            } else {
+                assert_eq!(
+                    receipts.len(),
+                    1,
+                    "{b:?} round {round}: one receipt for every caller: {receipts:?}"
+                );
+            }
+            assert_eq!(stored, 1, "{b:?} round {round}: one release journaled");
+        }
+    }
+}

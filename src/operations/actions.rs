@@ -22,27 +22,8 @@ pub async fn release(
     let tenant = principal.tenant;
     let policy = policy_of(state, principal)?;
     let action_id = req.action.id.unwrap_or_else(Uuid::new_v4);
-    if let Some(row) = state.store.action_row(tenant, action_id).await? {
-        if row.kind != req.action.kind.as_str() || row.target != req.action.target {
-            return Err(ApiError::conflict(format!(
-                "action {action_id} is a {} of {:?}; a different action needs a different id",
-                row.kind, row.target
-            )));
-        }
-        if row.status == "released" {
-            let stored = Uuid::parse_str(&row.receipt_id)
-                .ok()
-                .map(|r| state.store.get_receipt(tenant, r));
-            if let Some(fut) = stored {
-                if let Some(resp) = fut
-                    .await?
-                    .and_then(|r| r.result)
-                    .and_then(|t| serde_json::from_str::<ActionReleaseResponse>(&t).ok())
-                {
-                    return Ok(resp);
-                }
-            }
-        }
+    if let Some(resp) = earlier_release(state, tenant, action_id, &req).await? {
+        return Ok(resp);
     }
     let mut basis = Vec::with_capacity(req.basis.len());
     let mut seen = HashSet::new();
@@ -155,7 +136,50 @@ pub async fn release(
     });
     w.obstructions = lc.new_obstructions;
     w.repair_plans = lc.new_plans;
-    let c = state.store.commit_operation(w).await?;
+    let c = match state.store.commit_operation(w).await {
+        Ok(c) => c,
+        // Another release of this id committed first: answer with it (or the 409 of a
+        // different action under the same id), as a release sent after it would be answered.
+        Err(crate::store::StoreError::Conflict(m)) => {
+            return match earlier_release(state, tenant, action_id, &req).await? {
+                Some(resp) => Ok(resp),
+                None => Err(ApiError::conflict(m)),
+            };
+        }
+        Err(e) => return Err(e.into()),
+    };
     resp.receipt = receipt_ref(c.id, &c.replay_hash, v.decision);
     Ok(resp)
+}
+
+/// The answer an action id already has: its release's answer when it was released, a 409 when
+/// the id names another kind or target; `None` when it is new or was obstructed (evaluated
+/// afresh).
+async fn earlier_release(
+    state: &AppState,
+    tenant: Uuid,
+    action_id: Uuid,
+    req: &ActionReleaseRequest,
+) -> Result<Option<ActionReleaseResponse>, ApiError> {
+    let Some(row) = state.store.action_row(tenant, action_id).await? else {
+        return Ok(None);
+    };
+    if row.kind != req.action.kind.as_str() || row.target != req.action.target {
+        return Err(ApiError::conflict(format!(
+            "action {action_id} is a {} of {:?}; a different action needs a different id",
+            row.kind, row.target
+        )));
+    }
+    if row.status != "released" {
+        return Ok(None);
+    }
+    let Ok(receipt) = Uuid::parse_str(&row.receipt_id) else {
+        return Ok(None);
+    };
+    Ok(state
+        .store
+        .get_receipt(tenant, receipt)
+        .await?
+        .and_then(|r| r.result)
+        .and_then(|t| serde_json::from_str::<ActionReleaseResponse>(&t).ok()))
 }

@@ -772,6 +772,27 @@ impl Store {
                     )));
                 }
             }
+            // An action id is released once: a release that raced another (both read no
+            // released row before either committed) aborts here, under the chain's lock, and
+            // the caller answers with the release that won.
+            for a in &w.actions {
+                let cur: Option<(String, String, String)> = sqlx::query_as(&format!(
+                    "SELECT kind, target, status FROM actions WHERE tenant_id = $1 AND id = $2{}",
+                    d.for_update
+                ))
+                .bind(&tenant)
+                .bind(a.id.to_string())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some((kind, target, status)) = cur {
+                    if kind != a.kind || target != a.target || status == "released" {
+                        return Err(StoreError::Conflict(format!(
+                            "action {} was {status} concurrently",
+                            a.id
+                        )));
+                    }
+                }
+            }
 
             let seq = head_seq + 1;
             let sealed = crate::receipts::CanonicalContent::new(w.content).seal(seq, &head_hash);
