@@ -1388,3 +1388,37 @@ async fn a_write_the_store_refuses_leaves_the_records_trace_as_it_was() {
         assert_eq!(wait_count(&g, "SELECT count(*) FROM traces", 2).await, 2);
     }
 }
+
+/// A write in flight when shutdown begins is answered, and its answer says `Connection: close`:
+/// the client must not send its next request on a connection that is about to go.
+#[tokio::test]
+async fn a_write_answered_during_the_drain_closes_its_connection() {
+    let up = Upstream::start(|s| {
+        let r = memory_store(s);
+        if s.method == "POST" {
+            r.after(Duration::from_millis(1200))
+        } else {
+            r
+        }
+    })
+    .await;
+    let mut g = gate_for(Backend::Sqlite, &up, |_| {}).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/memories", g.proxy);
+    let pending = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&json!({"id": "drain-slow", "text": BENIGN}))
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let stopping = tokio::task::spawn_blocking(move || {
+        g.terminate();
+        g
+    });
+    let r = pending.await.unwrap().expect("answered");
+    assert_eq!(r.status(), 201);
+    assert_eq!(header(&r, "connection").as_deref(), Some("close"));
+    stopping.await.unwrap();
+}

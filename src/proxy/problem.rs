@@ -48,6 +48,9 @@ pub async fn write_json(
     for (k, v) in headers {
         resp.append_header(k.to_string(), v.as_str())?;
     }
+    if super::write::draining() {
+        session.set_keepalive(None);
+    }
     session.write_response_header(Box::new(resp), false).await?;
     session
         .write_response_body(Some(bytes::Bytes::from(body)), true)

@@ -37,6 +37,9 @@ pub async fn relay(
     for (k, v) in headers {
         resp.append_header(k.to_string(), v.as_str())?;
     }
+    if super::write::draining() {
+        session.set_keepalive(None);
+    }
     session.write_response_header(Box::new(resp), false).await?;
     loop {
         match answer.session.read_body_bytes().await {

@@ -633,6 +633,12 @@ impl Drop for InFlight {
 /// sent upstream), so the ones in flight can finish and their journal settles be flushed.
 static DRAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// Whether shutdown has begun: an answer written now says `Connection: close`, so a client
+/// does not send its next request on a connection that is about to go.
+pub(super) fn draining() -> bool {
+    DRAINING.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Refuses new governed writes, then waits (at most `bound`) until none is being handled.
 pub(super) async fn writes_done(bound: std::time::Duration) {
     DRAINING.store(true, std::sync::atomic::Ordering::Release);
