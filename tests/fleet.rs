@@ -370,3 +370,83 @@ async fn a_write_waits_for_a_held_lock_only_so_long_then_fails_closed() {
     let e = g.evaluate(DEMO_KEY, &id).await;
     assert!(e["receipt"]["id"].is_string(), "{e}");
 }
+
+/// A gate that restarts judges the unsettled journal rows of gates that are gone, never those
+/// of a live gate whose write is simply slow: gates keep a heartbeat, and only rows of a gate
+/// whose heartbeat went stale are read back. (It used to judge every row older than its own
+/// longest request; a live gate's slower request was then settled under it.)
+#[tokio::test]
+async fn a_restarted_gate_leaves_a_live_gates_slow_write_alone() {
+    use common::upstream::{Reply, Upstream};
+    if !backends().contains(&Backend::Postgres) {
+        return;
+    }
+    let up = Upstream::start(|s| {
+        if s.method == "POST" {
+            Reply::json(201, json!({"stored": true})).after(Duration::from_secs(40))
+        } else {
+            Reply::json(200, json!({"id": "slow", "text": "x"}))
+        }
+    })
+    .await;
+    let db = fresh_postgres_db().await;
+    let mut opts = GateOptions::new(Backend::Postgres);
+    opts.storage_url = Some(db.clone());
+    opts.upstream = up.addr.clone();
+    opts.packs = vec!["filters/generic.toml".into()];
+    opts.upstream_read_timeout_ms = 60_000;
+    let mut a = Gate::start(opts.clone()).await;
+    let b = Gate::start(opts).await;
+    let url = format!("{}/memories", b.proxy);
+    let write = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&json!({"id": "slow", "text": "The office is closed on public holidays."}))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    for _ in 0..100 {
+        if !up.requests("POST", "/memories").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        up.requests("POST", "/memories").len(),
+        1,
+        "B dispatched the write"
+    );
+    a.kill();
+    a.spawn().await;
+    // A's start-up pass and its first sweep (30 s later) both run while B's write is in flight.
+    tokio::time::sleep(Duration::from_secs(34)).await;
+    assert_eq!(
+        a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'pending'")
+            .await,
+        1,
+        "A left B's write in flight alone: {}",
+        a.log()
+    );
+    assert_eq!(write.await.unwrap().expect("answered"), 201);
+    for _ in 0..100 {
+        if a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed'")
+            .await
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed'")
+            .await,
+        1,
+        "B settled its own write"
+    );
+    assert_eq!(
+        up.requests("GET", "/memories/slow").len(),
+        0,
+        "nobody read it back"
+    );
+}

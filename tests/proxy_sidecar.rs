@@ -1173,7 +1173,7 @@ async fn writes_in_flight_at_a_crash_are_reconciled_at_start_up() {
             2
         );
         g.spawn().await;
-        // PostgreSQL: rows younger than the in-flight bound wait for the second pass.
+        // PostgreSQL: the killed gate's rows wait until its heartbeat is stale (the next sweep).
         let landed = wait_count_for(
             &g,
             "SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'landed' AND record_id = 'kept'",

@@ -7,9 +7,10 @@
 //! again). Counts go to the log.
 //!
 //! Only rows of other processes are judged. On SQLite (one process per database file) that is
-//! every row older than this process; on PostgreSQL (a fleet sharing one database) a row must
-//! also be older than the longest a live gate can take over a request, so another gate's
-//! write in flight is never mistaken for a lost one.
+//! every row older than this process. On PostgreSQL (a fleet sharing one database) every gate
+//! writes a heartbeat (`gate_instances`) every few seconds, and only rows of gates whose
+//! heartbeat went stale are judged, however long a live gate's write takes; the live gates
+//! look again every half minute, so the rows of a gate that never comes back are settled too.
 
 use super::upstream::{self, SendError};
 use super::INSTANCE_ID;
@@ -31,36 +32,58 @@ pub struct Report {
 
 const PAGE: i64 = 500;
 
-/// How long a live gate can take over one request: past this, a pending row is an orphan.
-fn in_flight_bound(state: &AppState) -> Duration {
-    let c = &state.runtime().config;
-    Duration::from_millis(
-        c.limits.body_timeout_ms
-            + c.upstream.connect_timeout_ms
-            + c.upstream.write_timeout_ms
-            + c.upstream.read_timeout_ms,
-    ) + Duration::from_secs(5)
-}
+/// How often a gate of a fleet says it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+/// A gate whose heartbeat is older than this is gone: its unsettled rows are judged.
+const GONE_AFTER: chrono::TimeDelta = chrono::TimeDelta::seconds(30);
+/// How often the live gates of a fleet look for the rows of gone ones.
+const SWEEP: Duration = Duration::from_secs(30);
 
-/// Runs reconciliation once at start-up (and, on PostgreSQL, once more after the in-flight
-/// bound for rows that were too young the first time). Logs its report.
+/// Runs reconciliation once at start-up. On PostgreSQL, also keeps this gate's heartbeat and
+/// looks again every [`SWEEP`] for rows of gates that are gone. Logs its reports.
 pub async fn run_at_startup(
     state: Arc<AppState>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let started = chrono::Utc::now();
-    let postgres = state.store.dialect().name == "postgres";
-    let bound = chrono::Duration::from_std(in_flight_bound(&state)).unwrap_or_default();
-    let first_cutoff = if postgres { started - bound } else { started };
-    let r = reconcile(&state, &crate::store::ts(first_cutoff)).await;
-    log_report(&r, "start-up");
-    if postgres {
-        tokio::select! {
-            _ = tokio::time::sleep(in_flight_bound(&state)) => {
-                let r = reconcile(&state, &crate::store::ts(started)).await;
-                log_report(&r, "start-up (second pass)");
+    if state.store.dialect().name != "postgres" {
+        let r = reconcile(&state, &crate::store::ts(started), None).await;
+        log_report(&r, "start-up");
+        return;
+    }
+    let started_s = crate::store::ts(started);
+    let beat = |state: Arc<AppState>, started: String| async move {
+        if let Err(e) = state.store.heartbeat(*INSTANCE_ID, &started).await {
+            tracing::warn!(error = %e, "could not record this gate's heartbeat");
+        }
+    };
+    beat(state.clone(), started_s.clone()).await;
+    {
+        let (state, started_s, mut shutdown) = (state.clone(), started_s.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(HEARTBEAT) => beat(state.clone(), started_s.clone()).await,
+                    _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+                }
             }
-            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => {}
+        });
+    }
+    let mut pass = "start-up";
+    loop {
+        let now = chrono::Utc::now();
+        // A row younger than a heartbeat period may be a gate's that has not beaten yet.
+        let cutoff =
+            crate::store::ts(now - chrono::TimeDelta::from_std(HEARTBEAT).unwrap_or_default());
+        let alive_since = crate::store::ts(now - GONE_AFTER);
+        let r = reconcile(&state, &cutoff, Some(&alive_since)).await;
+        if pass == "start-up" || r.examined > 0 {
+            log_report(&r, pass);
+        }
+        pass = "sweep";
+        tokio::select! {
+            _ = tokio::time::sleep(SWEEP) => {}
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
         }
     }
 }
@@ -80,14 +103,22 @@ fn log_report(r: &Report, pass: &str) {
     }
 }
 
-/// One pass over the unsettled rows of other processes created before `cutoff`.
-pub async fn reconcile(state: &AppState, cutoff: &str) -> Report {
+/// One pass over the unsettled rows of other processes created before `cutoff` (with
+/// `alive_since`: only of processes whose heartbeat is older, see
+/// [`crate::store::Store::unsettled_dispatches`]).
+pub async fn reconcile(state: &AppState, cutoff: &str, alive_since: Option<&str>) -> Report {
     let mut report = Report::default();
     let mut cursor = (String::new(), String::new());
     loop {
         let rows = match state
             .store
-            .unsettled_dispatches(*INSTANCE_ID, cutoff, (&cursor.0, &cursor.1), PAGE)
+            .unsettled_dispatches(
+                *INSTANCE_ID,
+                cutoff,
+                alive_since,
+                (&cursor.0, &cursor.1),
+                PAGE,
+            )
             .await
         {
             Ok(r) => r,

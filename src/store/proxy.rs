@@ -596,23 +596,58 @@ impl Store {
     /// Journal rows of other gate processes (or of this one's predecessors) whose outcome is
     /// unknown: still `pending`, or already marked `dispatch_unknown`. In (created_at, id)
     /// order, after the cursor `after` (empty strings for the start).
+    /// Unsettled journal rows of other gates created before `created_before`, in pages; with
+    /// `alive_since`, only rows of gates whose heartbeat is older than that (or that never
+    /// wrote one): a live gate's write in flight is never judged by another.
     pub async fn unsettled_dispatches(
         &self,
         not_instance: Uuid,
         created_before: &str,
+        alive_since: Option<&str>,
         after: (&str, &str),
         limit: i64,
     ) -> Result<Vec<DispatchRow>> {
+        let live = if alive_since.is_some() {
+            " AND instance_id NOT IN (SELECT instance_id FROM gate_instances WHERE heartbeat_at > $6)"
+        } else {
+            ""
+        };
+        let sql = format!("SELECT id, tenant_id, request_id, instance_id, receipt_id, trace_id, pack, route, kind, params, collection, record_id, upstream_headers, status, upstream_status, created_at FROM proxy_dispatches WHERE status IN ('pending', 'dispatch_unknown') AND instance_id <> $1 AND created_at < $2 AND (created_at > $3 OR (created_at = $3 AND id > $4)){live} ORDER BY created_at, id LIMIT $5");
         Ok(with_pool!(self, read, |p, _d| {
-            sqlx::query_as("SELECT id, tenant_id, request_id, instance_id, receipt_id, trace_id, pack, route, kind, params, collection, record_id, upstream_headers, status, upstream_status, created_at FROM proxy_dispatches WHERE status IN ('pending', 'dispatch_unknown') AND instance_id <> $1 AND created_at < $2 AND (created_at > $3 OR (created_at = $3 AND id > $4)) ORDER BY created_at, id LIMIT $5")
+            let mut q = sqlx::query_as(&sql)
                 .bind(not_instance.to_string())
                 .bind(created_before)
                 .bind(after.0)
                 .bind(after.1)
-                .bind(limit)
-                .fetch_all(p)
-                .await?
+                .bind(limit);
+            if let Some(t) = alive_since {
+                q = q.bind(t);
+            }
+            q.fetch_all(p).await?
         }))
+    }
+
+    /// Records that this gate is alive (see `gate_instances`); rows of gates gone for a day
+    /// are dropped.
+    pub async fn heartbeat(&self, instance: Uuid, started_at: &str) -> Result<()> {
+        let at = now();
+        let day_ago = super::ts(chrono::Utc::now() - chrono::Duration::days(1));
+        with_pool!(self, write, |p, _d| {
+            sqlx::query(
+                "INSERT INTO gate_instances (instance_id, started_at, heartbeat_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+            )
+            .bind(instance.to_string())
+            .bind(started_at)
+            .bind(&at)
+            .execute(p)
+            .await?;
+            sqlx::query("DELETE FROM gate_instances WHERE heartbeat_at < $1")
+                .bind(&day_ago)
+                .execute(p)
+                .await?;
+        });
+        Ok(())
     }
 
     /// Sets the status of journal rows by id (reconciliation verdicts).
