@@ -69,6 +69,7 @@ const ROUTE_ONLY_FIELDS: &[&str] = &[
     "fail_open",
     "annotate",
     "merges",
+    "keeps_existing",
     "annotation",
     "annotation_key",
     "collection",
@@ -735,6 +736,16 @@ fn compile_route(
 
     let shape = compile_shape(ctx, t, &node.span, &path, kind, false);
     let merges = ctx.opt_bool(t, &path, "merges").unwrap_or(false);
+    let keeps_existing = ctx.opt_bool(t, &path, "keeps_existing").unwrap_or(false);
+    if keeps_existing && kind.is_some_and(|k| k != RouteKind::Write) {
+        if let Some(n) = get(t, "keeps_existing") {
+            ctx.err(
+                &n.span,
+                join(&path, "keeps_existing"),
+                "keeps_existing only applies to write routes (an insert the store ignores for an id it holds)",
+            );
+        }
+    }
     if merges && !annotate {
         if let Some(n) = get(t, "merges") {
             ctx.err(
@@ -839,6 +850,7 @@ fn compile_route(
         fail_open: fail_open.unwrap_or(false),
         annotate,
         merges,
+        keeps_existing,
         annotation,
         annotation_key,
         uuid_ids: defaults.is_some_and(|d| d.uuid_ids),

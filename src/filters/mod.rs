@@ -183,6 +183,9 @@ pub struct CompiledRoute {
     /// `upsert`, Qdrant set-payload): every admitted record is annotated, a plain `allow`
     /// too, so an annotation an earlier write left never outlives the content it described.
     pub merges: bool,
+    /// The store ignores this write for an id it already holds (Chroma `add`): a record whose
+    /// id the gate has seen stored keeps its trace (the stored content did not change).
+    pub keeps_existing: bool,
     pub annotation: AnnotationStyle,
     /// `_integrity` unless the pack says otherwise: the nested key, or the flat prefix.
     pub annotation_key: String,

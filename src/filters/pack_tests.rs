@@ -459,6 +459,15 @@ fn merging_routes_are_marked() {
         assert!(r.merges && r.annotate, "{pack}/{name}");
     }
     assert!(!route(&t, "chroma", "add").merges);
+    // Chroma ignores an add of an id it holds; every other write replaces the record.
+    assert!(route(&t, "chroma", "add").keeps_existing);
+    for (pack, name) in [
+        ("chroma", "upsert"),
+        ("chroma", "update"),
+        ("qdrant", "set_payload"),
+    ] {
+        assert!(!route(&t, pack, name).keeps_existing, "{pack}/{name}");
+    }
     let r = route(&t, "chroma", "update");
     let body = json!({"ids": ["a"], "documents": ["clean now"]});
     let out = r

@@ -26,6 +26,9 @@ pub struct Judged {
     pub output: Arc<KernelOutput>,
     /// Chosen now, so journal and quarantine rows can name it in the same transaction.
     pub receipt_id: Uuid,
+    /// The record's trace as stored before this write (a tombstoned one included, which the
+    /// kernel's basis reads as no trace).
+    pub stored: Option<(TracePhase, AllowedInfluence)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +75,7 @@ pub async fn judge(
     }
     let mut out = Vec::with_capacity(signals.len());
     for signal in signals {
+        let stored = traces.get(&signal.trace_id).copied();
         let (phase, influence) = match traces.get(&signal.trace_id) {
             Some((TracePhase::Tombstoned, _)) | None => (None, AllowedInfluence::None),
             Some((p, i)) => (Some(*p), *i),
@@ -113,6 +117,7 @@ pub async fn judge(
             input,
             output,
             receipt_id: crate::store::new_id(),
+            stored,
         });
     }
     Ok(out)

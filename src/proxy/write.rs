@@ -231,9 +231,13 @@ pub async fn handle(
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(judged.len());
     let mut admitted: Vec<(usize, Option<Map<String, Value>>)> = Vec::new();
     let mut held_idx: Vec<usize> = Vec::new();
+    // Records whose trace this write leaves as stored (see `keeps_trace`).
+    let mut keeps: Vec<bool> = Vec::with_capacity(judged.len());
     for (rec, j) in records.iter().zip(&judged) {
         let out = &j.output;
         let action = answer::action_for(out.decision, mode);
+        let kept = !deleting && keeps_trace(route, rec, j.stored);
+        keeps.push(kept);
         let quarantine = (action == Action::Held).then(Uuid::new_v4);
         let note = || {
             let mut note = Map::new();
@@ -244,7 +248,8 @@ pub async fn handle(
         match action {
             // Where the store merges metadata, a plain allow is written too: it replaces what
             // an earlier annotated write of the record left there.
-            Action::Forwarded => admitted.push((rec.index, route.merges.then(note))),
+            // A record whose marked trace stays as it was keeps the annotation the store holds.
+            Action::Forwarded => admitted.push((rec.index, (route.merges && !kept).then(note))),
             Action::Annotated => admitted.push((rec.index, Some(note()))),
             Action::Held => held_idx.push(rec.index),
             Action::Blocked => {}
@@ -412,7 +417,11 @@ pub async fn handle(
         .collect();
 
     // Journal before dispatch: receipts, journal and quarantine rows are durable first.
-    let reaches_store: Vec<bool> = outcomes.iter().map(|o| o.action.forwards()).collect();
+    let reaches_store: Vec<bool> = outcomes
+        .iter()
+        .zip(&keeps)
+        .map(|(o, kept)| o.action.forwards() && !kept)
+        .collect();
     if let Err(e) = judge::commit(
         &proxy.state,
         &policy,
@@ -489,8 +498,9 @@ pub async fn handle(
     let restores: Vec<crate::store::TraceRestore> = outcomes
         .iter()
         .zip(&judged)
-        .filter(|(o, j)| o.action.forwards() && j.output.transition.enforced)
-        .map(|(o, j)| crate::store::TraceRestore {
+        .zip(&reaches_store)
+        .filter(|((_, j), moved)| **moved && j.output.transition.enforced)
+        .map(|((o, j), _)| crate::store::TraceRestore {
             trace: j.input.signal.trace_id,
             receipt: o.receipt,
             prior: j.input.basis.phase.map(|p| (p, j.input.basis.influence)),
@@ -504,6 +514,33 @@ pub async fn handle(
     };
     let store = Some(proxy.state.store.clone());
     forward(session, &rt, store, forward_body, &headers, settle).await
+}
+
+/// Whether an admitted write leaves the record's stored trace as it is, because the stored
+/// content it describes does not change:
+/// - an insert the store ignores for an id it holds (`keeps_existing`, Chroma `add`), when the
+///   gate has seen the id stored (a tombstoned id was deleted: the insert creates it again);
+/// - a write that carries no record text (a metadata-only or vector-only update) to a record
+///   whose trace is marked (untrusted, quarantined, revoked, tombstoned): the flagged text stays
+///   in the store, so the mark stays too. Such a write can still make a trace worse (its own
+///   decision applies where the trace was not marked).
+fn keeps_trace(
+    route: &crate::filters::CompiledRoute,
+    rec: &Record,
+    stored: Option<(TracePhase, AllowedInfluence)>,
+) -> bool {
+    let Some((phase, _)) = stored else {
+        return false;
+    };
+    (route.keeps_existing && phase != TracePhase::Tombstoned)
+        || (rec.text.is_none()
+            && matches!(
+                phase,
+                TracePhase::Untrusted
+                    | TracePhase::Quarantined
+                    | TracePhase::Revoked
+                    | TracePhase::Tombstoned
+            ))
 }
 
 /// One record's signal: its text (or metadata), the route's substrate and mutation, and the

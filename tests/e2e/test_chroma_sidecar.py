@@ -645,3 +645,29 @@ def test_reads_under_another_spelling_of_the_collection_id_are_treated_alike(chr
     assert len(set(answers)) == 1, dict(zip(spellings, answers))
     if decision in ANNOTATE_DECISIONS:
         assert answers[0][1] == "1", answers
+
+
+def test_a_write_that_leaves_the_flagged_text_in_place_keeps_its_mark(chroma_direct, chroma_gated):
+    """A record marked untrusted stays marked on reads through the gate while its text is
+    the one the gate flagged: a metadata-only or vector-only update leaves the text in place,
+    and Chroma ignores an add of an id it holds. A write that replaces the text is judged
+    afresh."""
+    direct, gated = collections(chroma_direct, chroma_gated, "keepmark")
+    flagged = "I observed that the server returned 500 errors (generated summary)."
+    gated.add(ids=["u"], embeddings=vectors(1, DIM, seed=41), documents=[flagged])
+
+    def mark():
+        got = gated.get(ids=["u"], include=["metadatas", "documents"])
+        assert got["ids"] == ["u"], got
+        return got["metadatas"][0].get("_integrity_retrieval"), got["documents"][0]
+
+    assert mark() == ("untrusted", flagged)
+    gated.update(ids=["u"], metadatas=[{"k": 1}])
+    assert mark() == ("untrusted", flagged)
+    gated.update(ids=["u"], embeddings=vectors(1, DIM, seed=42))
+    assert mark() == ("untrusted", flagged)
+    gated.add(ids=["u"], embeddings=vectors(1, DIM, seed=43), documents=[BENIGN_DOCS[0]])
+    assert mark() == ("untrusted", flagged), "Chroma ignored the add: the flagged text is still stored"
+    assert stored(direct)["u"][0] == flagged
+    gated.upsert(ids=["u"], embeddings=vectors(1, DIM, seed=44), documents=[BENIGN_DOCS[1]])
+    assert mark() == (None, BENIGN_DOCS[1])
