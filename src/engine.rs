@@ -95,7 +95,19 @@ pub async fn ingest(
         .ok_or_else(|| ApiError::forbidden("the API key's tenant is not configured"))?;
     let signal = normalize(req, principal, crate::store::new_id());
     let governed = classify(&signal, &tenant.policy);
-    let record = SignalRecord {
+    let record = signal_record(&signal);
+    let event = ingested_event(&record, &governed);
+    state.store.insert_signal(&signal, &[event]).await?;
+    Ok(IngestResponse {
+        signal: record,
+        governed_signal: Some(governed),
+        queued: Some(false),
+    })
+}
+
+/// The stored signal as the API shows it.
+pub fn signal_record(signal: &NormalizedSignal) -> SignalRecord {
+    SignalRecord {
         id: signal.id,
         tenant_id: signal.tenant_id,
         product_surface: signal.product_surface,
@@ -103,17 +115,16 @@ pub async fn ingest(
         target_substrate: signal.target_substrate,
         proposed_mutation: signal.proposed_mutation,
         payload_digest: signal.payload_digest.clone(),
-    };
-    let event = EventWrite {
+    }
+}
+
+/// `signal.ingested`: the same for a signal from the API and for a record the proxy turned
+/// into one.
+pub fn ingested_event(record: &SignalRecord, governed: &GovernedSignal) -> EventWrite {
+    EventWrite {
         name: "signal.ingested".into(),
         data: json!({"signal": record, "governedSignal": governed}),
-    };
-    state.store.insert_signal(&signal, &[event]).await?;
-    Ok(IngestResponse {
-        signal: record,
-        governed_signal: Some(governed),
-        queued: Some(false),
-    })
+    }
 }
 
 /// The governed-signal view of a signal before any decision.

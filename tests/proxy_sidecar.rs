@@ -1422,3 +1422,67 @@ async fn a_write_answered_during_the_drain_closes_its_connection() {
     assert_eq!(header(&r, "connection").as_deref(), Some("close"));
     stopping.await.unwrap();
 }
+
+/// A record the proxy turns into a signal sends the same events as a signal from the API:
+/// `signal.ingested` (it was missing), `signal.evaluated` and `receipt.created` (whose data is
+/// the receipt reference, nothing more).
+#[tokio::test]
+async fn proxied_records_send_the_events_of_an_api_signal() {
+    let up = Upstream::start(memory_store).await;
+    let g = gate_for(Backend::Sqlite, &up, |_| {}).await;
+    for event in ["signal.ingested", "signal.evaluated", "receipt.created"] {
+        let (s, v) = g
+            .post(
+                DEMO_KEY,
+                "/substrate/webhooks/subscriptions",
+                &json!({"productSurface": "generic", "eventName": event, "targetUrl": format!("http://{}/hook", up.addr)}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let r = send(
+        &g,
+        "POST",
+        "/memories",
+        Some(json!({"id": "ev1", "text": BENIGN})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    for event in ["signal.ingested", "signal.evaluated", "receipt.created"] {
+        assert_eq!(
+            wait_count(
+                &g,
+                &format!("SELECT COUNT(*) FROM webhook_deliveries WHERE event_name = '{event}'"),
+                1
+            )
+            .await,
+            1,
+            "{event}"
+        );
+    }
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&g.storage_url)
+        .await
+        .unwrap();
+    let (payload,): (String,) = sqlx::query_as(
+        "SELECT payload FROM webhook_deliveries WHERE event_name = 'receipt.created'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let v: Value = serde_json::from_str(&payload).unwrap();
+    let data = if v.get("data").is_some() {
+        v["data"].clone()
+    } else {
+        v
+    };
+    let mut keys: Vec<&str> = data
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["decision", "id", "replay_hash"], "{data}");
+}

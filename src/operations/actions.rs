@@ -131,7 +131,7 @@ pub async fn release(
         r.receipt = receipt_ref(sealed.receipt_id, sealed.replay_hash, decision);
         crate::store::Finish {
             result: serde_json::to_string(&r).ok(),
-            events: lifecycle_events("action_release", &r.receipt, &announce),
+            events: lifecycle_events(&r.receipt, &announce),
         }
     });
     w.obstructions = lc.new_obstructions;

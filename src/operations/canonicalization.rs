@@ -260,7 +260,7 @@ pub async fn evaluate(
     w.decision = v.decision.as_str().into();
     w.outcome = v.outcome.as_str().into();
     w.refused = !out.promote && v.decision != RuntimeDecision::Allow;
-    w.finish = finish_with("canonicalization", v.decision, lc.announce(), |_| vec![]);
+    w.finish = finish_with(v.decision, lc.announce(), |_| vec![]);
     w.obstructions = lc.new_obstructions;
     w.repair_plans = lc.new_plans;
     let mut superseded = vec![];

@@ -104,7 +104,7 @@ pub async fn evaluate(
         v.decision,
         RuntimeDecision::Allow | RuntimeDecision::AllowWithWarning
     );
-    w.finish = finish_with("configuration", v.decision, lc.announce(), |_| vec![]);
+    w.finish = finish_with(v.decision, lc.announce(), |_| vec![]);
     w.obstructions = lc.new_obstructions;
     w.repair_plans = lc.new_plans;
     let c = state.store.commit_operation(w).await?;

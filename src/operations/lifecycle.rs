@@ -377,7 +377,7 @@ async fn commit_lifecycle(
     let released = plan.released;
     let released_traces: Vec<Uuid> = plan.transitions.iter().map(|t| t.trace_id).collect();
     let target = subject_target(&w.content);
-    w.finish = finish_with("lifecycle", decision.decision, announce, move |r| {
+    w.finish = finish_with(decision.decision, announce, move |r| {
         let mut ev = super::reversal::blocked_events(blocked, target)(r);
         if released {
             ev.push(EventWrite {

@@ -339,11 +339,11 @@ impl Lifecycle {
 }
 
 /// `receipt.created`, and `obstruction.opened` / `repair.proposed` for what is new.
-pub fn lifecycle_events(kind: &str, receipt: &ReceiptRef, a: &Announce) -> Vec<EventWrite> {
+pub fn lifecycle_events(receipt: &ReceiptRef, a: &Announce) -> Vec<EventWrite> {
     let r = json!(receipt);
     let mut v = vec![EventWrite {
         name: "receipt.created".into(),
-        data: json!({"id": receipt.id, "replay_hash": receipt.replay_hash, "decision": receipt.decision, "kind": kind}),
+        data: json!({"id": receipt.id, "replay_hash": receipt.replay_hash, "decision": receipt.decision}),
     }];
     for o in &a.obstructions {
         v.push(EventWrite {
@@ -363,14 +363,13 @@ pub fn lifecycle_events(kind: &str, receipt: &ReceiptRef, a: &Announce) -> Vec<E
 /// The `finish` of an operation's commit: its lifecycle events, plus `extra`
 /// events built from the sealed receipt reference.
 pub fn finish_with(
-    kind: &'static str,
     decision: RuntimeDecision,
     announce: Announce,
     extra: impl FnOnce(&ReceiptRef) -> Vec<EventWrite> + Send + 'static,
 ) -> Box<dyn FnOnce(crate::store::Sealed<'_>) -> crate::store::Finish + Send> {
     Box::new(move |sealed| {
         let r = receipt_ref(sealed.receipt_id, sealed.replay_hash, decision);
-        let mut events = lifecycle_events(kind, &r, &announce);
+        let mut events = lifecycle_events(&r, &announce);
         events.extend(extra(&r));
         crate::store::Finish {
             result: None,

@@ -178,7 +178,7 @@ pub async fn filter(
     );
     w.decision = v.decision.as_str().into();
     w.outcome = v.outcome.as_str().into();
-    w.finish = finish_with("retrieval_filter", v.decision, lc.announce(), |_| vec![]);
+    w.finish = finish_with(v.decision, lc.announce(), |_| vec![]);
     w.obstructions = lc.new_obstructions;
     w.repair_plans = lc.new_plans;
     let c = state.store.commit_operation(w).await?;

@@ -261,7 +261,6 @@ pub async fn evaluate(
     w.outcome = v.outcome.as_str().into();
     w.traces = moves;
     w.finish = finish_with(
-        "reversal",
         v.decision,
         lc.announce(),
         blocked_events(blocked, p.input.target.clone()),

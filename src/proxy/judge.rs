@@ -166,6 +166,10 @@ pub async fn commit(
         let out = &j.output;
         let content = receipt_content(j.receipt_id, &j.input, out, policy, kind, Some(ctx), &[]);
         let for_events = out.clone();
+        let ingested = crate::engine::ingested_event(
+            &crate::engine::signal_record(&j.input.signal),
+            &crate::engine::classify(&j.input.signal, policy),
+        );
         writes.push(ReceiptWrite {
             tenant,
             id: j.receipt_id,
@@ -198,7 +202,13 @@ pub async fn commit(
             finish: Box::new(move |sealed| Finish {
                 result: None,
                 events: if sealed.events_wanted {
-                    events_for(&for_events, sealed.receipt_id, sealed.replay_hash)
+                    let mut v = vec![ingested.clone()];
+                    v.extend(events_for(
+                        &for_events,
+                        sealed.receipt_id,
+                        sealed.replay_hash,
+                    ));
+                    v
                 } else {
                     Vec::new()
                 },
