@@ -40,7 +40,10 @@ pub fn validate_ingest(req: &IngestRequest) -> Result<(), ApiError> {
         }
     }
     if let Some(t) = &req.observed_at {
-        if chrono::DateTime::parse_from_rfc3339(t).is_err() {
+        // chrono also reads a space for the `T` (RFC 3339 allows it in prose, JSON Schema's
+        // `date-time` does not): the separator must be `T`.
+        let t_sep = matches!(t.as_bytes().get(10), Some(b'T' | b't'));
+        if !t_sep || chrono::DateTime::parse_from_rfc3339(t).is_err() {
             bad("observedAt", "must be an ISO 8601 / RFC 3339 date-time");
         }
     }

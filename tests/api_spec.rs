@@ -788,6 +788,7 @@ async fn every_invalid_ingest_input_is_a_400_naming_the_field() {
         (json!({"evidenceRefs": "one"}), "evidenceRefs"),
         (json!({"evidenceRefs": [1]}), "evidenceRefs"),
         (json!({"observedAt": "yesterday"}), "observedAt"),
+        (json!({"observedAt": "2026-01-01 00:00:00Z"}), "observedAt"),
         (json!({"metadata": [1, 2]}), "metadata"),
         (json!({"tenantId": "nope"}), "tenantId"),
         (json!({"payloadSummary": null}), "payloadSummary"),

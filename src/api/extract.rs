@@ -251,8 +251,8 @@ pub fn json_depth(bytes: &[u8]) -> usize {
     max
 }
 
-/// Like [`ApiJson`], but an empty body (no content) means `T::default()`:
-/// for routes whose request fields are all optional.
+/// Like [`ApiJson`], but an empty body (no content, with or without a content type) means
+/// `T::default()`: for routes whose request fields are all optional.
 pub struct ApiJsonOrEmpty<T>(pub T);
 
 impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for ApiJsonOrEmpty<T> {
@@ -265,7 +265,11 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for ApiJsonOrEmpt
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             == Some("0");
-        if no_type && (declared_empty || req.headers().get(header::TRANSFER_ENCODING).is_none()) {
+        // No body at all is the empty request, whatever content type a client library sets.
+        if declared_empty {
+            return Ok(ApiJsonOrEmpty(T::default()));
+        }
+        if no_type && req.headers().get(header::TRANSFER_ENCODING).is_none() {
             let limits = state.runtime().config.limits.clone();
             let body = axum::body::to_bytes(req.into_body(), limits.api_body_bytes)
                 .await
