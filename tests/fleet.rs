@@ -383,7 +383,7 @@ async fn a_restarted_gate_leaves_a_live_gates_slow_write_alone() {
     }
     let up = Upstream::start(|s| {
         if s.method == "POST" {
-            Reply::json(201, json!({"stored": true})).after(Duration::from_secs(40))
+            Reply::json(201, json!({"stored": true})).after(Duration::from_secs(70))
         } else {
             Reply::json(200, json!({"id": "slow", "text": "x"}))
         }
@@ -394,7 +394,7 @@ async fn a_restarted_gate_leaves_a_live_gates_slow_write_alone() {
     opts.storage_url = Some(db.clone());
     opts.upstream = up.addr.clone();
     opts.packs = vec!["filters/generic.toml".into()];
-    opts.upstream_read_timeout_ms = 60_000;
+    opts.upstream_read_timeout_ms = 120_000;
     let mut a = Gate::start(opts.clone()).await;
     let b = Gate::start(opts).await;
     let url = format!("{}/memories", b.proxy);
@@ -417,17 +417,24 @@ async fn a_restarted_gate_leaves_a_live_gates_slow_write_alone() {
         1,
         "B dispatched the write"
     );
+    let dispatched = std::time::Instant::now();
     a.kill();
     a.spawn().await;
-    // A's start-up pass and its first sweep (30 s later) both run while B's write is in flight.
+    // A's start-up pass and its first sweep (30 s later) both run while B's write is in flight
+    // (the store answers after 70 s; a loaded machine may take a while to restart A).
     tokio::time::sleep(Duration::from_secs(34)).await;
-    assert_eq!(
-        a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'pending'")
-            .await,
-        1,
-        "A left B's write in flight alone: {}",
-        a.log()
-    );
+    if dispatched.elapsed() < Duration::from_secs(65) {
+        assert_eq!(
+            a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'pending'")
+                .await,
+            1,
+            "A left B's write in flight alone ({} completed): {}",
+            a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed'")
+                .await,
+            a.log()
+        );
+    }
+    // Had A judged the row, B's own settle (of a pending row) would have been lost.
     assert_eq!(write.await.unwrap().expect("answered"), 201);
     for _ in 0..100 {
         if a.count("SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed'")
