@@ -104,39 +104,15 @@ async fn reload_under_load_good_takes_effect_bad_is_refused() {
             );
         }
         // A broken config (invalid value), by SIGHUP: refused, shadow stays.
-        let before = reloads(
-            &g.client
-                .get(format!("{}/metrics", g.metrics))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "failed",
-        );
+        let before = failed_reloads(&g).await;
         let mut broken = opts.clone();
         broken.policy_mode = "yolo".into();
         g.write_config(&g.config_with(&broken));
         g.signal("HUP");
-        let mut refused = false;
-        for _ in 0..100 {
-            let m = g
-                .client
-                .get(format!("{}/metrics", g.metrics))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            if reloads(&m, "failed") > before {
-                refused = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(refused, "the broken config is counted as a failed reload");
+        assert!(
+            wait_failed_above(&g, before).await,
+            "the broken config is counted as a failed reload"
+        );
         assert_eq!(
             observed_status(&g).await,
             "simulated",

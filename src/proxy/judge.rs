@@ -143,7 +143,8 @@ pub fn refuses(d: RuntimeDecision) -> bool {
 /// store (`reaches_store[i]`) moves it. A held or blocked write leaves the stored version, if
 /// any, as it was: otherwise anyone could hide a stored record by sending a poisoned write
 /// under its id. Its receipt still says what the kernel decided, and the quarantine row
-/// carries the held write.
+/// carries the held write. A forwarded write that leaves the stored text as it was (see
+/// `write::keeps_trace`) is not counted as reaching the store either.
 pub async fn commit(
     state: &AppState,
     policy: &CompiledPolicy,
