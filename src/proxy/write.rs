@@ -503,7 +503,8 @@ pub async fn handle(
         .map(|((o, j), _)| crate::store::TraceRestore {
             trace: j.input.signal.trace_id,
             receipt: o.receipt,
-            prior: j.input.basis.phase.map(|p| (p, j.input.basis.influence)),
+            // As stored, a tombstoned trace included (the kernel's basis reads it as none).
+            prior: j.stored,
         })
         .collect();
     let settle = Settle {
