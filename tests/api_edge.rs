@@ -389,15 +389,7 @@ async fn health_readiness_and_openapi() {
         );
     }
     // Metrics are served on the metrics listener.
-    let m = g
-        .client
-        .get(format!("{}/metrics", g.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = g.metrics_text().await;
     assert!(m.contains("substrate_gate_config_info"), "{m}");
 }
 

@@ -27,19 +27,6 @@ async fn wait_for_status(g: &Gate, want: &str) -> bool {
     false
 }
 
-fn reloads(metrics: &str, result: &str) -> u64 {
-    metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("substrate_gate_config_reloads_total")
-                && l.contains(&format!("result=\"{result}\""))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn reload_under_load_good_takes_effect_bad_is_refused() {
     for b in backends() {
@@ -104,7 +91,7 @@ async fn reload_under_load_good_takes_effect_bad_is_refused() {
             );
         }
         // A broken config (invalid value), by SIGHUP: refused, shadow stays.
-        let before = failed_reloads(&g).await;
+        let before = g.reloads("failed").await;
         let mut broken = opts.clone();
         broken.policy_mode = "yolo".into();
         g.write_config(&g.config_with(&broken));
@@ -140,22 +127,9 @@ async fn reload_under_load_good_takes_effect_bad_is_refused() {
     }
 }
 
-async fn failed_reloads(g: &Gate) -> u64 {
-    let m = g
-        .client
-        .get(format!("{}/metrics", g.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    reloads(&m, "failed")
-}
-
 async fn wait_failed_above(g: &Gate, before: u64) -> bool {
     for _ in 0..100 {
-        if failed_reloads(g).await > before {
+        if g.reloads("failed").await > before {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -175,7 +149,7 @@ async fn a_reload_cannot_turn_governance_off_nor_claim_what_only_a_restart_chang
         assert!(good.contains("[[tenants]]") && good.contains("packs"));
 
         // An empty file.
-        let before = failed_reloads(&g).await;
+        let before = g.reloads("failed").await;
         g.write_config("");
         g.signal("HUP");
         assert!(
@@ -183,7 +157,7 @@ async fn a_reload_cannot_turn_governance_off_nor_claim_what_only_a_restart_chang
             "{b:?}: the empty config is refused"
         );
         // The same file cut before its tenants: still refused.
-        let before = failed_reloads(&g).await;
+        let before = g.reloads("failed").await;
         let cut = good.split("[[tenants]]").next().unwrap().to_string();
         g.write_config(&cut);
         g.signal("HUP");

@@ -231,27 +231,7 @@ async fn twenty_reloads_of_policy_and_pack_under_proxy_load() {
             "{b:?}: 20 reloads under load: {} proxied requests ok, 0 failed, {n} probes",
             ok.load(Ordering::Relaxed)
         );
-        let ok_reloads = reloads_ok(&g).await;
+        let ok_reloads = g.reloads("ok").await;
         assert!(ok_reloads >= 20, "{b:?}: {ok_reloads} reloads counted ok");
     }
-}
-
-async fn reloads_ok(g: &Gate) -> u64 {
-    let m = g
-        .client
-        .get(format!("{}/metrics", g.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    m.lines()
-        .find(|l| {
-            l.starts_with("substrate_gate_config_reloads_total") && l.contains("result=\"ok\"")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or(0)
 }

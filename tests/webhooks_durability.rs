@@ -64,15 +64,7 @@ async fn ingest_many(gates: &[&Gate], n: usize, parallel: usize) {
 }
 
 async fn delivered_metric(g: &Gate) -> f64 {
-    let text = g
-        .client
-        .get(format!("{}/metrics", g.metrics))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = g.metrics_text().await;
     text.lines()
         .find(|l| l.starts_with("substrate_gate_webhook_deliveries_total{result=\"delivered\"}"))
         .and_then(|l| l.rsplit(' ').next())

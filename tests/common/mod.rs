@@ -448,6 +448,33 @@ impl Gate {
         status_json(r).await
     }
 
+    /// The metrics listener's text.
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.metrics))
+            .send()
+            .await
+            .expect("metrics request")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
+    /// `substrate_gate_config_reloads_total` for one result (`ok`, `failed`).
+    pub async fn reloads(&self, result: &str) -> u64 {
+        self.metrics_text()
+            .await
+            .lines()
+            .find(|l| {
+                l.starts_with("substrate_gate_config_reloads_total")
+                    && l.contains(&format!("result=\"{result}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .unwrap_or(0)
+    }
+
     /// Ingests a signal and returns its id.
     pub async fn ingest(&self, key: &str, body: Value) -> String {
         let (s, v) = self.post(key, "/substrate/signals/ingest", &body).await;
