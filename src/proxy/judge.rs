@@ -167,10 +167,9 @@ pub async fn commit(
         let out = &j.output;
         let content = receipt_content(j.receipt_id, &j.input, out, policy, kind, Some(ctx), &[]);
         let for_events = out.clone();
-        let ingested = crate::engine::ingested_event(
-            &crate::engine::signal_record(&j.input.signal),
-            &crate::engine::classify(&j.input.signal, policy),
-        );
+        // `signal.ingested` carries the kernel's own governed view of the signal: classifying
+        // it again would scan the payload a second time on the proxy's path.
+        let record = crate::engine::signal_record(&j.input.signal);
         writes.push(ReceiptWrite {
             tenant,
             id: j.receipt_id,
@@ -203,7 +202,10 @@ pub async fn commit(
             finish: Box::new(move |sealed| Finish {
                 result: None,
                 events: if sealed.events_wanted {
-                    let mut v = vec![ingested.clone()];
+                    let mut v = vec![crate::engine::ingested_event(
+                        &record,
+                        &for_events.governed_signal,
+                    )];
                     v.extend(events_for(
                         &for_events,
                         sealed.receipt_id,
