@@ -199,7 +199,12 @@ async fn settle_side_effects(state: &AppState, row: &DispatchRow, landed: bool) 
         .await;
     if landed && row.kind == RouteKind::Delete.as_str() {
         if let Ok(trace) = Uuid::parse_str(&row.trace_id) {
-            let _ = state.store.tombstone_traces(tenant, &[trace]).await;
+            // Not over a write judged after the delete (see `Tombstone::receipt`).
+            let receipt = Uuid::parse_str(&row.receipt_id).ok();
+            let _ = state
+                .store
+                .tombstone_traces(tenant, &[crate::store::Tombstone { trace, receipt }])
+                .await;
         }
     }
 }

@@ -182,6 +182,17 @@ pub async fn handle(
         }
     }
     let collection = m.collection(&value);
+    // Ids and collection names are stored as they are (journal, quarantine), and PostgreSQL
+    // stores no NUL in text: refused on both backends alike, before anything is recorded.
+    if collection.as_deref().is_some_and(|c| c.contains('\0'))
+        || records
+            .iter()
+            .any(|r| r.id.as_deref().is_some_and(|id| id.contains('\0')))
+    {
+        let detail = "record ids and collection names may not contain the NUL character (U+0000); nothing was sent to the store";
+        write_problem(session, 400, "invalid_body", detail, Value::Null, &[]).await?;
+        return Ok(true);
+    }
     let source = identity::source_of(&cfg.proxy, &session.req_header().headers);
     let request_id = crate::store::new_id();
     let observed = crate::store::now();
@@ -481,15 +492,20 @@ pub async fn handle(
     };
 
     // Tombstoned: the records a delete certainly removed (not the candidates of a filtered one).
-    let tombstones: Vec<Uuid> = if deleting
+    let tombstones: Vec<crate::store::Tombstone> = if deleting
         && conditions.is_none()
         && !matches!(mode, EvaluationMode::Shadow | EvaluationMode::Advisory)
     {
         outcomes
             .iter()
             .zip(&judged)
-            .filter(|(o, _)| o.action.forwards() && o.id.is_some())
-            .map(|(_, j)| j.input.signal.trace_id)
+            .zip(&reaches_store)
+            .filter(|((o, _), _)| o.action.forwards() && o.id.is_some())
+            .map(|((o, j), moved)| crate::store::Tombstone {
+                trace: j.input.signal.trace_id,
+                // Guarded by the delete's receipt where it moved the trace.
+                receipt: (*moved && j.output.transition.enforced).then_some(o.receipt),
+            })
             .collect()
     } else {
         Vec::new()
@@ -709,7 +725,7 @@ async fn fail_closed(session: &mut Session, detail: &str) -> Result<bool> {
 pub(super) struct Settle {
     request_id: Option<Uuid>,
     tenant: Uuid,
-    tombstones: Vec<Uuid>,
+    tombstones: Vec<crate::store::Tombstone>,
     /// Traces the write moved before dispatch: put back when the store does not take it.
     restores: Vec<crate::store::TraceRestore>,
 }
@@ -718,16 +734,42 @@ impl Settle {
     /// The store did not take the write: its records' traces go back to where they were (a
     /// record's trace describes what the store holds; a refused write must not clear the
     /// marks of what it still holds).
-    fn restore(self, store: &Arc<crate::store::Store>) {
+    async fn restore(self, store: &Arc<crate::store::Store>) {
         if self.restores.is_empty() {
             return;
         }
         let (store, tenant, restores) = (store.clone(), self.tenant, self.restores);
-        tokio::spawn(async move {
+        settled_before_answer(async move {
             if let Err(e) = store.restore_traces(tenant, restores).await {
                 tracing::error!(error = %e, "could not restore the traces of a refused write");
             }
-        });
+        })
+        .await;
+    }
+
+    /// The store confirmed the delete: its records' traces are tombstoned.
+    async fn tombstone(self, store: Arc<crate::store::Store>) {
+        if self.tombstones.is_empty() {
+            return;
+        }
+        let (tenant, tombstones) = (self.tenant, self.tombstones);
+        settled_before_answer(async move {
+            if let Err(e) = store.tombstone_traces(tenant, &tombstones).await {
+                tracing::error!(error = %e, "could not tombstone the traces of deleted records");
+            }
+        })
+        .await;
+    }
+}
+
+/// Runs a trace change the upstream's answer calls for to its end before the client is
+/// answered: a client that writes the same record again as soon as it has its answer (a
+/// delete, then an add of the id) must find the change made, or it would land after the new
+/// write's own move and undo it. In a task of its own, so a client that goes away meanwhile
+/// cannot cut it short.
+async fn settled_before_answer(change: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Err(e) = tokio::spawn(change).await {
+        tracing::error!(error = %e, "a trace change after the upstream's answer failed");
     }
 }
 
@@ -787,7 +829,7 @@ pub(super) async fn forward(
                 };
                 store.settle_dispatch_soon(rid, verdict, None, Some(error.to_string()));
                 if !maybe_applied {
-                    settle.restore(&store);
+                    settle.restore(&store).await;
                 }
             }
             write_problem(session, status, code, &detail, Value::Null, headers).await?;
@@ -805,18 +847,11 @@ pub(super) async fn forward(
                 };
                 store.settle_dispatch_soon(rid, verdict, Some(status), None);
             }
-            if !(200..300).contains(&status) {
-                if let Some(store) = &state_store {
-                    settle.restore(store);
-                }
-            } else if !settle.tombstones.is_empty() {
-                if let Some(store) = state_store {
-                    let (tenant, ids) = (settle.tenant, settle.tombstones);
-                    tokio::spawn(async move {
-                        if let Err(e) = store.tombstone_traces(tenant, &ids).await {
-                            tracing::error!(error = %e, "could not tombstone the traces of deleted records");
-                        }
-                    });
+            if let Some(store) = state_store {
+                if (200..300).contains(&status) {
+                    settle.tombstone(store).await;
+                } else {
+                    settle.restore(&store).await;
                 }
             }
             let broken = super::relay::relay(session, &mut answer, headers).await?;

@@ -306,7 +306,16 @@ mod tests {
                 trace_type: None,
             });
             store.commit_operation(op).await.unwrap();
-            store.tombstone_traces(tenant, &[t[1], t[7]]).await.unwrap();
+            store
+                .tombstone_traces(
+                    tenant,
+                    &[t[1], t[7]].map(|trace| crate::store::Tombstone {
+                        trace,
+                        receipt: None,
+                    }),
+                )
+                .await
+                .unwrap();
             // Another tenant's trace of the same id is its own.
             let mut w = receipt(other, 0);
             w.trace = Some(TraceWrite {
@@ -346,6 +355,42 @@ mod tests {
             assert_eq!(phases[&t[1]].0, TracePhase::Tombstoned);
             assert!(!phases.contains_key(&t[7]), "a delete creates no trace");
             assert_eq!(db.source_history(tenant, "s1", 20).await.unwrap().0, 15);
+        }
+    }
+
+    /// A confirmed delete tombstones its record's trace only while the delete's receipt is still
+    /// the trace's last: a write of the id judged after the delete (the record written again)
+    /// keeps the trace it left. Memory follows the database either way.
+    #[tokio::test]
+    async fn a_tombstone_does_not_undo_a_later_write_of_the_record() {
+        for (store, _dir) in crate::store::testing::stores().await {
+            let db = database_only(&store);
+            let tenant = Uuid::new_v4();
+            let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+            let moved = |n: i64, trace: Uuid| {
+                let mut w = receipt(tenant, n);
+                w.trace = Some(TraceWrite {
+                    id: trace,
+                    phase: TracePhase::Accepted,
+                    influence: AllowedInfluence::AcceptedContext,
+                    trace_type: None,
+                });
+                w
+            };
+            // The deletes of a and b, each moving its trace.
+            let del_a = store.commit_receipt(moved(1, a)).await.unwrap().id;
+            let del_b = store.commit_receipt(moved(2, b)).await.unwrap().id;
+            // a is written again before its delete's tombstone arrives.
+            store.commit_receipt(moved(3, a)).await.unwrap();
+            let tombstones = [(a, del_a), (b, del_b)].map(|(trace, r)| crate::store::Tombstone {
+                trace,
+                receipt: Some(r),
+            });
+            store.tombstone_traces(tenant, &tombstones).await.unwrap();
+            let phases = db.traces_of(tenant, &[a, b]).await.unwrap();
+            assert_eq!(phases[&a].0, TracePhase::Accepted, "the later write stands");
+            assert_eq!(phases[&b].0, TracePhase::Tombstoned);
+            assert_eq!(store.traces_of(tenant, &[a, b]).await.unwrap(), phases);
         }
     }
 

@@ -20,6 +20,16 @@ pub struct TraceRestore {
     pub prior: Option<(TracePhase, AllowedInfluence)>,
 }
 
+/// The trace of a record the store confirmed deleted (see [`Store::tombstone_traces`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Tombstone {
+    pub trace: Uuid,
+    /// The delete's receipt, when that receipt moved the trace: the trace is then tombstoned
+    /// only while it is still the trace's last receipt (a write judged after the delete, a
+    /// re-add of the id, has moved it since and describes what the store holds now).
+    pub receipt: Option<Uuid>,
+}
+
 /// Ids per `IN (...)` list.
 const IN_CHUNK: usize = 500;
 
@@ -424,11 +434,14 @@ impl Store {
         Ok((traces, histories))
     }
 
-    /// Marks the traces of deleted records `tombstoned` (the upstream confirmed the delete).
-    pub async fn tombstone_traces(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
-        let ids = ids.to_vec();
-        self.to_completion(|store| async move { store.tombstone_traces_now(tenant, &ids).await })
-            .await
+    /// Marks the traces of deleted records `tombstoned` (the upstream confirmed the delete),
+    /// except those a later write has moved since (see [`Tombstone::receipt`]).
+    pub async fn tombstone_traces(&self, tenant: Uuid, tombstones: &[Tombstone]) -> Result<()> {
+        let tombstones = tombstones.to_vec();
+        self.to_completion(
+            |store| async move { store.tombstone_traces_now(tenant, &tombstones).await },
+        )
+        .await
     }
 
     /// Puts back the traces a refused write moved: the store did not take the write (it
@@ -485,24 +498,49 @@ impl Store {
         Ok(())
     }
 
-    async fn tombstone_traces_now(&self, tenant: Uuid, ids: &[Uuid]) -> Result<()> {
+    async fn tombstone_traces_now(&self, tenant: Uuid, tombstones: &[Tombstone]) -> Result<()> {
         let tenant_s = tenant.to_string();
         let at = now();
-        for chunk in ids.chunks(IN_CHUNK) {
+        let (guarded, unguarded): (Vec<&Tombstone>, Vec<&Tombstone>) =
+            tombstones.iter().partition(|t| t.receipt.is_some());
+        for (chunk, guard) in guarded
+            .chunks(IN_CHUNK / 2)
+            .map(|c| (c, true))
+            .chain(unguarded.chunks(IN_CHUNK).map(|c| (c, false)))
+        {
+            // A guarded trace is tombstoned only while its last receipt is one of the deletes'
+            // (each delete receipt moved only its own record's trace).
+            let receipts = if guard {
+                format!(
+                    " AND last_receipt_id IN ({})",
+                    placeholders(3 + chunk.len(), chunk.len())
+                )
+            } else {
+                String::new()
+            };
             let sql = format!(
-                "UPDATE traces SET phase = 'tombstoned', influence = 'none', updated_at = $2 WHERE tenant_id = $1 AND id IN ({})",
+                "UPDATE traces SET phase = 'tombstoned', influence = 'none', updated_at = $2 \
+                 WHERE tenant_id = $1 AND id IN ({}){receipts} RETURNING id",
                 placeholders(3, chunk.len())
             );
             let _order = self.basis_order().await;
-            with_pool!(self, write, |p, _d| {
-                let mut q = sqlx::query(&sql).bind(&tenant_s).bind(&at);
-                for id in chunk {
-                    q = q.bind(id.to_string());
+            let done: Vec<(String,)> = with_pool!(self, write, |p, _d| {
+                let mut q = sqlx::query_as(&sql).bind(&tenant_s).bind(&at);
+                for t in chunk {
+                    q = q.bind(t.trace.to_string());
                 }
-                q.execute(p).await?;
+                for r in chunk.iter().filter_map(|t| t.receipt) {
+                    q = q.bind(r.to_string());
+                }
+                q.fetch_all(p).await?
             });
+            let tombstoned = done
+                .iter()
+                .filter_map(|(id,)| Uuid::parse_str(id).ok())
+                .map(|id| (tenant, id))
+                .collect();
             self.applied(&super::memory::Changes {
-                tombstoned: chunk.iter().map(|id| (tenant, *id)).collect(),
+                tombstoned,
                 ..Default::default()
             });
         }
