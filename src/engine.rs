@@ -26,6 +26,12 @@ pub fn validate_ingest(req: &IngestRequest) -> Result<(), ApiError> {
     if req.source_id.is_empty() {
         bad("sourceId", "must be at least 1 character");
     }
+    if req.source_id.chars().count() > SOURCE_ID_MAX_CHARS {
+        bad(
+            "sourceId",
+            &format!("must be at most {SOURCE_ID_MAX_CHARS} characters"),
+        );
+    }
     if req.payload.is_empty() {
         bad("payload", "must be at least 1 character");
     }
@@ -216,6 +222,20 @@ pub async fn basis_of(state: &AppState, s: &NormalizedSignal) -> Result<StateBas
     })
 }
 
+/// The idempotency key of an evaluation: (kind, signal, profile, mode, coefficient version,
+/// bundles). Bundles are the caller's strings: past a few hundred bytes they are bound by their
+/// digest, so the key stays within what a unique index holds (PostgreSQL: ~2.7 KB an entry).
+fn idem_key(opts: &EvalOptions, signal: Uuid, mode: EvaluationMode, version: Uuid) -> String {
+    let mut bundles = opts.equation_bundles.join(",");
+    if bundles.len() > 256 {
+        bundles = format!("sha256:{}", crate::receipts::sha256_hex(bundles.as_bytes()));
+    }
+    format!(
+        "{}:{}:{}:{}:{}:{}",
+        opts.kind, signal, opts.profile, mode, version, bundles
+    )
+}
+
 /// Evaluates a stored signal and commits its receipt. Idempotent per (signal,
 /// profile, mode, coefficient version, bundles): the same request answers the
 /// same receipt, which is what "same input, same decision and hash" means for
@@ -231,15 +251,7 @@ pub async fn evaluate_signal(
         .ok_or_else(|| ApiError::forbidden("tenant is not configured"))?;
     let policy = tenant.policy.clone();
     let mode = opts.mode.unwrap_or(policy.mode);
-    let idem = format!(
-        "{}:{}:{}:{}:{}:{}",
-        opts.kind,
-        signal.id,
-        opts.profile,
-        mode,
-        policy.version_id,
-        opts.equation_bundles.join(",")
-    );
+    let idem = idem_key(&opts, signal.id, mode, policy.version_id);
     if let Some(done) = stored_result(
         state,
         signal.tenant_id,

@@ -249,6 +249,72 @@ async fn body_limits_media_type_and_malformed_json() {
     );
 }
 
+/// What PostgreSQL cannot store or index is refused as the client's mistake, on both backends
+/// alike (it was a 503 "storage is unavailable" on PostgreSQL and a 200 on SQLite): a NUL
+/// character in any string of a body, in a path or in a query; a `sourceId` longer than the
+/// gate's limit. Long equation bundles are bound by digest in the idempotency key. Nothing
+/// refused is stored, and storage keeps answering.
+#[tokio::test]
+async fn nul_characters_and_oversized_keys_are_refused_alike_on_both_backends() {
+    for b in backends() {
+        let g = Gate::start(GateOptions::new(b)).await;
+        let ingest = "/substrate/signals/ingest";
+        let field_of = |p: &Value| p["errors"][0]["field"].as_str().map(str::to_string);
+        for (body, field) in [
+            (signal_body(json!({"sourceId": "a\u{0}b"})), "sourceId"),
+            (signal_body(json!({"payload": "x\u{0}"})), "payload"),
+            (
+                signal_body(json!({"metadata": {"k": ["ok", "n\u{0}"]}})),
+                "metadata.k[1]",
+            ),
+            (
+                signal_body(json!({"sourceId": "s".repeat(513)})),
+                "sourceId",
+            ),
+        ] {
+            let (s, p) = g.post(DEMO_KEY, ingest, &body).await;
+            assert_problem(s, &p, 400, "validation_failed");
+            assert_eq!(field_of(&p).as_deref(), Some(field), "{b:?}: {p}");
+        }
+        for path in [
+            "/substrate/coordination/edge/a%00b",
+            "/substrate/webhooks/dead-letters?eventName=a%00b",
+        ] {
+            let (s, p) = g.get(DEMO_KEY, path).await;
+            assert_problem(s, &p, 400, "validation_failed");
+        }
+        // The longest sourceId is evaluated like any other; long bundles too.
+        let (s, p) = g
+            .post(
+                DEMO_KEY,
+                ingest,
+                &signal_body(json!({"sourceId": "é".repeat(512)})),
+            )
+            .await;
+        assert_eq!(s, 200, "{b:?}: {p}");
+        let signal = p["signal"]["id"].clone();
+        let bundles: Vec<String> = (0..40)
+            .map(|i| format!("bundle-{i}-{}", "x".repeat(90)))
+            .collect();
+        for body in [
+            json!({"signalId": signal}),
+            json!({"signalId": signal, "equationBundles": bundles}),
+        ] {
+            let (s, p) = g
+                .post(DEMO_KEY, "/substrate/integrity/evaluate", &body)
+                .await;
+            assert_eq!(s, 200, "{b:?}: {p}");
+            assert!(p["receipt"]["id"].is_string(), "{b:?}: {p}");
+            // The same request answers the same receipt.
+            let (_, again) = g
+                .post(DEMO_KEY, "/substrate/integrity/evaluate", &body)
+                .await;
+            assert_eq!(again["receipt"]["id"], p["receipt"]["id"], "{b:?}");
+        }
+        assert_eq!(g.count("SELECT count(*) FROM signals").await, 1, "{b:?}");
+    }
+}
+
 #[tokio::test]
 async fn unknown_routes_ids_and_other_tenants_objects_are_404() {
     for b in backends() {

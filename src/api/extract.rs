@@ -194,6 +194,19 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> Result
             "request body is not valid JSON: {msg}"
         )));
     }
+    // A NUL character (`\u0000`) is valid JSON, but PostgreSQL stores no NUL in text: refused
+    // on both backends alike, naming the field, rather than failing at the database as if
+    // storage were down.
+    if has_nul_escape(bytes) {
+        let path = serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .and_then(|v| nul_path(&v, String::new()))
+            .unwrap_or_else(|| "body".into());
+        return Err(ApiError::field(
+            path,
+            "must not contain the NUL character (U+0000)",
+        ));
+    }
     // Request bodies are objects: serde would also read a struct from an array of its field
     // values in declaration order, which the documented schema does not allow.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -222,6 +235,56 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> Result
         from_serde(e)
     })?;
     Ok(v)
+}
+
+/// Whether a JSON text escapes a NUL character (`\u0000`) in a string (raw control characters
+/// are not JSON, so an escape is the only way one gets in).
+fn has_nul_escape(bytes: &[u8]) -> bool {
+    let (mut in_str, mut esc) = (false, false);
+    for (i, &b) in bytes.iter().enumerate() {
+        if !in_str {
+            in_str = b == b'"';
+        } else if esc {
+            esc = false;
+            if b == b'u' && bytes.get(i + 1..i + 5) == Some(b"0000".as_slice()) {
+                return true;
+            }
+        } else if b == b'\\' {
+            esc = true;
+        } else if b == b'"' {
+            in_str = false;
+        }
+    }
+    false
+}
+
+/// The path (as field errors name it: `a.b[0]`) of the first string or member name holding a NUL.
+fn nul_path(v: &serde_json::Value, at: String) -> Option<String> {
+    use serde_json::Value;
+    let join = |k: &str| {
+        if at.is_empty() {
+            k.to_string()
+        } else {
+            format!("{at}.{k}")
+        }
+    };
+    match v {
+        Value::String(s) if s.contains('\0') => {
+            Some(if at.is_empty() { "body".into() } else { at })
+        }
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| nul_path(x, format!("{at}[{i}]"))),
+        Value::Object(m) => m.iter().find_map(|(k, x)| {
+            if k.contains('\0') {
+                Some(join(&k.replace('\0', "\\u0000")))
+            } else {
+                nul_path(x, join(k))
+            }
+        }),
+        _ => None,
+    }
 }
 
 /// Maximum nesting of arrays/objects, ignoring brackets inside strings.
@@ -288,6 +351,30 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for ApiJsonOrEmpt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nul_in_any_string_is_refused_naming_its_field() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct T {
+            a: String,
+            b: Vec<serde_json::Value>,
+        }
+        let field = |body: &str| match parse_json::<T>(body.as_bytes(), 64) {
+            Err(e) => e.errors.first().map(|f| f.field.clone()),
+            Ok(t) => panic!("accepted {t:?}"),
+        };
+        assert_eq!(field(r#"{"a":"x\u0000y","b":[]}"#).as_deref(), Some("a"));
+        assert_eq!(
+            field(r#"{"a":"x","b":[1,{"k":"\u0000"}]}"#).as_deref(),
+            Some("b[1].k")
+        );
+        // An escaped backslash followed by `u0000` is the text `\u0000`, not a NUL.
+        assert!(parse_json::<T>(br#"{"a":"x\\u0000","b":[]}"#, 64).is_ok());
+        assert!(has_nul_escape(br#"{"\u0000":1}"#));
+        assert!(has_nul_escape(br#"{"a":"\u00001"}"#));
+        assert!(!has_nul_escape(br#"{"a":"\u0001"}"#));
+    }
 
     #[test]
     fn depth_ignores_brackets_in_strings() {

@@ -180,8 +180,22 @@ async fn edge(State(_state): State<Arc<AppState>>, req: Request, next: Next) -> 
         .map(str::to_string)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let span = tracing::info_span!("request", request_id = %rid, method = %req.method(), path = %req.uri().path(), tenant = tracing::field::Empty);
+    // A NUL in a path parameter or query value: PostgreSQL stores and compares no NUL in text,
+    // so it is refused here, on both backends alike, not failed at the database as an outage.
+    let nul = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|pq| pq.as_str().contains("%00"));
     let fut = error::REQUEST_ID.scope(rid.clone(), async move {
         use futures::FutureExt;
+        if nul {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "validation_failed",
+                "the request path or query holds a NUL character (%00)",
+            )
+            .into_response();
+        }
         match std::panic::AssertUnwindSafe(next.run(req))
             .catch_unwind()
             .await

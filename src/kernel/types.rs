@@ -211,6 +211,9 @@ pub type FreeForm = Map<String, Value>;
 
 // ---------------------------------------------------------------- ingest
 
+/// The longest `sourceId` the gate takes, in characters (see [`IngestRequest::source_id`]).
+pub const SOURCE_ID_MAX_CHARS: usize = 512;
+
 /// The ingest request, exactly the spec's table. Defaults are applied by
 /// [`crate::api::signals`] during validation, not here, so that the stored
 /// normalized signal always carries explicit values.
@@ -222,8 +225,9 @@ pub struct IngestRequest {
     pub tenant_id: Option<Uuid>,
     pub product_surface: ProductSurface,
     pub source_type: SourceType,
-    /// Length at least 1.
-    #[schema(min_length = 1)]
+    /// Length at least 1 (the spec) and at most [`SOURCE_ID_MAX_CHARS`] (the gate: a source's
+    /// receipts are indexed by it, and PostgreSQL indexes no entry over ~2.7 KB).
+    #[schema(min_length = 1, max_length = 512)]
     pub source_id: String,
     /// 0 to 1; default 0.5.
     #[serde(default, deserialize_with = "present")]
