@@ -804,7 +804,13 @@ async fn proxy_connections_are_bounded_in_time_and_number() {
 
     // One request answered with keep-alive, then nothing: closed after the bound too.
     let get = b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: store\r\n\r\n".to_vec();
-    let r = raw(&a, &[get.clone()], Duration::ZERO, Duration::from_secs(15)).await;
+    let r = raw(
+        &a,
+        std::slice::from_ref(&get),
+        Duration::ZERO,
+        Duration::from_secs(15),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.head);
     assert!(
         r.elapsed < bound * 4,
@@ -832,7 +838,13 @@ async fn proxy_connections_are_bounded_in_time_and_number() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();
-    let r = raw(&a, &[get.clone()], Duration::ZERO, Duration::from_secs(5)).await;
+    let r = raw(
+        &a,
+        std::slice::from_ref(&get),
+        Duration::ZERO,
+        Duration::from_secs(5),
+    )
+    .await;
     assert_eq!(r.status, 0, "served past the cap: {}", r.head);
     assert!(
         t.elapsed() < bound,
