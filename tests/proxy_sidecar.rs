@@ -622,6 +622,17 @@ async fn unreadable_and_ambiguous_bodies_are_refused_and_never_forwarded() {
         let p: Value = r.json().await.unwrap();
         assert_problem(status, &p, 400, "invalid_body");
         assert!(p["detail"].as_str().unwrap().contains("twice"), "{p}");
+        // A NUL in a record id (stored as it is in the journal): refused on both backends.
+        let r = send(
+            &g,
+            "POST",
+            "/memories",
+            Some(json!({"id": "n\u{0}1", "text": BENIGN})),
+        )
+        .await;
+        let status = r.status().as_u16();
+        let p: Value = r.json().await.unwrap();
+        assert_problem(status, &p, 400, "invalid_body");
         assert!(
             up.requests("POST", "/memories").is_empty(),
             "nothing reached the store"
