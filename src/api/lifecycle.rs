@@ -201,7 +201,7 @@ macro_rules! lifecycle_action {
         #[doc = $doc]
         #[utoipa::path(post, path = $path, tag = "lifecycle",
             params(("id" = String, Path, description = $what)),
-            request_body(content = LifecycleActionRequest, description = "Optional; an empty body is fine"),
+            request_body(content = Option<LifecycleActionRequest>, description = "Optional; an empty body is fine"),
             security(("bearer" = []), ("tenantHeader" = [])),
             responses(
                 (status = 200, description = $ok, body = LifecycleResponse),

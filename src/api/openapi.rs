@@ -298,6 +298,34 @@ fn add_links(doc: &mut serde_json::Value) {
     }
 }
 
+/// A request body the route may go without (declared `Option<T>`: an empty body is `{}`) is not
+/// `required`; when one is sent it is a `T` object. utoipa writes the option as `oneOf: [null, T]`,
+/// which would document a JSON `null` body as valid: the schema is `T`.
+fn optional_bodies(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Some(paths) = doc.get_mut("paths").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for item in paths.values_mut().filter_map(Value::as_object_mut) {
+        for op in item.values_mut() {
+            let Some(schema) = op.pointer_mut("/requestBody/content/application~1json/schema")
+            else {
+                continue;
+            };
+            let inner = schema["oneOf"]
+                .as_array()
+                .and_then(|alts| match alts.as_slice() {
+                    [a, b] if a["type"] == "null" => Some(b.clone()),
+                    [a, b] if b["type"] == "null" => Some(a.clone()),
+                    _ => None,
+                });
+            if let Some(inner) = inner {
+                *schema = inner;
+            }
+        }
+    }
+}
+
 /// The document, with routes of other modules merged in, and the OpenAPI
 /// 3.1 top-level `webhooks` (utoipa has no field for it: it goes in as a
 /// top-level key through the flattened extensions map).
@@ -315,6 +343,7 @@ static DOC: LazyLock<String> = LazyLock::new(|| {
     tenant_header_as_parameter(&mut doc);
     event_name_enums(&mut doc);
     secret_schemas(&mut doc);
+    optional_bodies(&mut doc);
     add_links(&mut doc);
     serde_json::to_string(&doc).unwrap_or_else(|_| "{}".into())
 });
@@ -420,6 +449,27 @@ mod tests {
         for case in cases {
             assert_eq!(documented(&case), key_bytes(&case).is_ok(), "{case:?}");
         }
+    }
+
+    /// The routes whose body is optional (an empty body is `{}`) say so, and document the
+    /// object they take when one is sent, not `null`.
+    #[test]
+    fn optional_bodies_are_not_required_and_are_objects() {
+        let doc: serde_json::Value = serde_json::from_str(&DOC).unwrap();
+        let op = |path: &str| doc["paths"][path]["post"]["requestBody"].clone();
+        for path in [
+            "/substrate/receipts/{id}/replay",
+            "/substrate/webhooks/deliveries/{id}/redrive",
+            "/substrate/webhooks/subscriptions/{id}/rotate",
+            "/substrate/repair-plans/{id}/approve",
+            "/substrate/quarantine/{id}/release",
+        ] {
+            let body = op(path);
+            assert_ne!(body["required"], true, "{path}");
+            let schema = &body["content"]["application/json"]["schema"];
+            assert!(schema["$ref"].is_string(), "{path}: {schema}");
+        }
+        assert_eq!(op("/substrate/signals/ingest")["required"], true);
     }
 
     /// Every operation that takes input documents the 400 it answers for bad input.

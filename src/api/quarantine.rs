@@ -320,7 +320,7 @@ pub async fn fetch(
 /// emitted). Answers with the upstream's status.
 #[utoipa::path(post, path = "/substrate/quarantine/{id}/release", tag = "quarantine",
     params(("id" = String, Path, description = "Quarantine entry id (UUID)")),
-    request_body(content = LifecycleActionRequest, description = "Optional; an empty body is fine. The reason is bound in the review's receipt"),
+    request_body(content = Option<LifecycleActionRequest>, description = "Optional; an empty body is fine. The reason is bound in the review's receipt"),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "Released; the status is the upstream's (200, 201, ...)", body = QuarantineReleaseResponse),
@@ -362,7 +362,7 @@ pub async fn release(
 /// to `revoked`.
 #[utoipa::path(post, path = "/substrate/quarantine/{id}/reject", tag = "quarantine",
     params(("id" = String, Path, description = "Quarantine entry id (UUID)")),
-    request_body(content = LifecycleActionRequest, description = "Optional; an empty body is fine. The reason is bound in the review's receipt"),
+    request_body(content = Option<LifecycleActionRequest>, description = "Optional; an empty body is fine. The reason is bound in the review's receipt"),
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "Rejected", body = QuarantineRejectResponse),

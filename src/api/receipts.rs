@@ -63,7 +63,7 @@ pub async fn fetch(
 /// Replay a receipt: recompute its hash and (by default) re-run the decision.
 #[utoipa::path(post, path = "/substrate/receipts/{id}/replay", tag = "receipts",
     params(("id" = String, Path, description = "Receipt id (UUID)")),
-    request_body = ReplayRequest,
+    request_body = Option<ReplayRequest>,
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "Replay result", body = KernelReplayResponse),

@@ -252,7 +252,7 @@ fn names<T: std::fmt::Display>(all: &[T]) -> String {
 /// without losing a delivery.
 #[utoipa::path(post, path = "/substrate/webhooks/subscriptions/{id}/rotate", tag = "webhooks",
     params(("id" = String, Path, description = "Subscription id (UUID)")),
-    request_body = WebhookRotateRequest,
+    request_body = Option<WebhookRotateRequest>,
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "The subscription with its new secret", body = WebhookRotateResponse),
@@ -370,7 +370,7 @@ pub async fn dead_letters(
 /// subscription is revoked) answers 409.
 #[utoipa::path(post, path = "/substrate/webhooks/deliveries/{id}/redrive", tag = "webhooks",
     params(("id" = String, Path, description = "Delivery id (UUID, the webhook-id header of its attempts)")),
-    request_body = WebhookRedriveRequest,
+    request_body = Option<WebhookRedriveRequest>,
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "The redriven delivery with its subscription", body = WebhookRedriveResponse),
