@@ -282,6 +282,21 @@ def test_deletes_pass_under_default_policy(chroma_direct, chroma_gated, upstream
     assert len(upstream_recorder.requests(f"/collections/{direct.id}/delete", "POST")) == 2
 
 
+def test_a_record_added_again_right_after_its_delete_is_readable(chroma_direct, chroma_gated):
+    """Delete a record, add it again at once under its id (a correction, a re-index): the gate
+    serves it like any stored record. Its delete's tombstone used to land after the new add now
+    and then, and the record then stayed hidden from every read through the gate."""
+    direct, gated = collections(chroma_direct, chroma_gated, "readd")
+    for i in range(8):
+        rid = f"doc-{i}"
+        ids, embs, docs, _ = benign_batch(1, seed=500 + i, prefix=rid)
+        gated.add(ids=[rid], embeddings=embs, documents=docs)
+        gated.delete(ids=[rid])
+        gated.add(ids=[rid], embeddings=embs, documents=[docs[0] + " (corrected)"])
+        assert gated.get(ids=[rid])["ids"] == [rid], f"round {i}"
+    assert sorted(gated.get()["ids"]) == sorted(stored(direct))
+
+
 def test_get_through_gate_omits_quarantined_record(chroma_direct, chroma_gated):
     direct, gated = collections(chroma_direct, chroma_gated, "getq")
     ids, embs, docs, mds = benign_batch(2, seed=500)
@@ -562,6 +577,21 @@ def test_collection_metadata_is_judged_when_a_collection_is_created(chroma_direc
     name = unique_name("plainmeta")
     chroma_gated.get_or_create_collection(name, embedding_function=None, metadata={"team": "billing"})
     assert chroma_direct.get_collection(name, embedding_function=None).metadata == {"team": "billing"}
+
+
+def test_free_text_in_a_collection_configuration_is_judged(chroma_direct, gate_proxy, upstream_recorder):
+    """A collection's configuration carries free text (an embedding function's `config`) that
+    comes back to every client: judged on create and modify like its metadata."""
+    poison = POISONED["hidden_instruction"]
+    config = {"embedding_function": {"type": "known", "name": "default", "config": {"note": poison}}}
+    name = unique_name("poisonconf")
+    r = gate_proxy.post(f"{API}/collections", json={"name": name, "configuration": config})
+    assert r.status_code in (202, 403), r.text
+    assert name not in [c.name for c in chroma_direct.list_collections()]
+    plain = chroma_direct.create_collection(unique_name("plainconf"), embedding_function=None)
+    r = gate_proxy.put(f"{API}/collections/{plain.id}", json={"new_configuration": config})
+    assert r.status_code in (202, 403), r.text
+    assert not upstream_recorder.bodies_contain(poison, str(plain.id))
 
 
 def test_a_clean_rewrite_replaces_an_earlier_annotation(chroma_direct, chroma_gated):
