@@ -227,6 +227,11 @@ async fn chained_poisoned_document_memory_action_reversal() {
             .collect();
         assert_eq!(moved.len(), 3, "{rv}");
         assert!(moved.iter().all(|(_, p)| *p == "revoked"), "{rv}");
+        // The dependents are shown as the reversal left them.
+        for d in rv["dependents"].as_array().unwrap() {
+            assert_eq!(d["trace"]["currentPhase"], "revoked", "{rv}");
+            assert_eq!(d["trace"]["allowedInfluence"], "none", "{rv}");
+        }
         let residue = rv["residue"].as_array().unwrap();
         assert!(
             residue
@@ -1076,6 +1081,7 @@ async fn reversal_evaluated_applied_through_its_plan_escalated_invalid() {
             .await;
         assert_eq!(s, 200, "{v}");
         assert_eq!(v["decision"], "allow");
+        assert_eq!(v["applied"], false, "nothing was carried out: {v}");
         assert!(
             v["reasonCodes"]
                 .as_array()

@@ -177,6 +177,20 @@ pub fn blocked_events(
     }
 }
 
+/// The dependents as an applied reversal left them: each moved trace in its new phase and
+/// influence (the view is read before the moves).
+fn dependents_after(mut view: Vec<Dependent>, out: &reversal::ReversalOutput) -> Vec<Dependent> {
+    if out.applied {
+        for d in &mut view {
+            if let Some(t) = out.transitions.iter().find(|t| t.trace_id == d.trace.id) {
+                d.trace.current_phase = t.to_phase;
+                d.trace.allowed_influence = t.to_influence;
+            }
+        }
+    }
+    view
+}
+
 pub fn dependents_view(p: &Prepared) -> Vec<Dependent> {
     p.reached
         .traces
@@ -274,7 +288,7 @@ pub async fn evaluate(
         applied: out.applied,
         target: p.input.target.clone(),
         root_trace_id: p.input.root_trace,
-        dependents: dependents_view(&p),
+        dependents: dependents_after(dependents_view(&p), &out),
         transitions: out.transitions.clone(),
         residue: out.residue.clone(),
         blocked_actions: out.blocked_actions.clone(),

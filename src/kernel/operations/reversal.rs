@@ -337,7 +337,8 @@ pub fn evaluate(input: &ReversalInput) -> ReversalOutput {
         transitions: transitions_out,
         residue,
         blocked_actions,
-        applied,
+        // Nothing to reverse: nothing was carried out, whatever `apply` asked.
+        applied: applied && !nothing,
     }
 }
 
