@@ -1451,6 +1451,50 @@ async fn a_record_written_again_right_after_its_delete_stays_readable() {
     }
 }
 
+/// Reads and pass-through requests in flight when SIGTERM arrives are answered before the
+/// proxy stops (the drain waited for governed writes only, and Pingora then dropped every
+/// other request it was serving: a slow read lost its answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_answers_the_reads_in_flight() {
+    for b in backends() {
+        let up = Upstream::start(|s| {
+            if s.method == "GET" && s.path().starts_with("/memories/slow-") {
+                return memory_store(s).after(Duration::from_millis(1500));
+            }
+            if s.method == "GET" && s.path() == "/stats" {
+                return Reply::ok(json!({"records": 3})).after(Duration::from_millis(1500));
+            }
+            memory_store(s)
+        })
+        .await;
+        let mut g = gate_for(b, &up, |_| {}).await;
+        let mut reads = Vec::new();
+        // Treated reads (the pack's `get`) and a request no pack describes (passed through).
+        for path in ["/memories/slow-1", "/memories/slow-2", "/stats"] {
+            let url = format!("{}{path}", g.proxy);
+            reads.push(tokio::spawn(async move {
+                let r = reqwest::Client::new().get(url).send().await;
+                r.map(|r| r.status().as_u16()).map_err(|e| e.to_string())
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (_g, took) = tokio::task::spawn_blocking(move || {
+            let took = g.terminate();
+            (g, took)
+        })
+        .await
+        .expect("terminate");
+        for r in reads {
+            assert_eq!(
+                r.await.unwrap(),
+                Ok(200),
+                "{b:?}: a read in flight was answered"
+            );
+        }
+        assert!(took < Duration::from_secs(10), "{b:?}: exit took {took:?}");
+    }
+}
+
 /// A write in flight when shutdown begins is answered, and its answer says `Connection: close`:
 /// the client must not send its next request on a connection that is about to go.
 #[tokio::test]

@@ -129,11 +129,12 @@ pub struct GateProxy {
 }
 
 /// Per-request state.
-#[derive(Default)]
 pub struct Ctx {
     /// Set when Pingora's own forwarding picks the upstream (pass-through requests); the
     /// requests the gate sends itself record their upstream latency where they send.
     pub started: Option<std::time::Instant>,
+    /// Counts the request as in flight until Pingora drops its context (its answer written).
+    _in_flight: write::RequestInFlight,
 }
 
 #[async_trait]
@@ -141,7 +142,10 @@ impl ProxyHttp for GateProxy {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Self::CTX {
-        Ctx::default()
+        Ctx {
+            started: None,
+            _in_flight: write::RequestInFlight::enter(),
+        }
     }
 
     /// HTTP/1.1 pipelining on (Pingora's default is off: a request sent before the answer to
@@ -154,6 +158,11 @@ impl ProxyHttp for GateProxy {
         _ctx: &mut Self::CTX,
     ) -> Result<()> {
         session.downstream_session.set_pipelining_enabled(true);
+        // Shutting down: this request is answered, then its connection closes.
+        if write::draining() {
+            session.downstream_session.set_keepalive(None);
+            return Ok(());
+        }
         // An HTTP/1.1 connection kept alive waits for its next request at most as long as a
         // body may take (Pingora's default after a request is to wait for ever).
         let idle = idle_secs(&self.state);
@@ -242,8 +251,9 @@ pub fn upstream_peer(u: &crate::config::UpstreamConfig) -> HttpPeer {
 
 /// Pingora's shutdown is driven by our own signal handling (one place for SIGTERM). When it
 /// fires, and before Pingora is told (it then drops its runtime and every task on it), the
-/// governed writes in flight get up to the grace period to finish, and the group committer,
-/// which runs on this runtime, commits what they queued (their journal settles).
+/// requests in flight (governed writes, reads, pass-through requests) get up to the grace
+/// period to be answered, and the group committer, which runs on this runtime, commits what
+/// the writes queued (their journal settles).
 struct WatchShutdown {
     signal: tokio::sync::watch::Receiver<bool>,
     state: Arc<AppState>,

@@ -667,6 +667,9 @@ async fn unavailable(
 /// Governed writes being handled now: the shutdown drain waits for them before it flushes
 /// the group committer (their journal settles are queued by then).
 static WRITES_IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Proxied requests of any kind between their head and their answer: the drain waits for them
+/// too (Pingora drops every task when it stops; a read in flight lost its answer).
+static REQUESTS_IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 struct InFlight;
 
@@ -683,6 +686,22 @@ impl Drop for InFlight {
     }
 }
 
+/// One proxied request in flight (held by its Pingora context).
+pub(super) struct RequestInFlight(());
+
+impl RequestInFlight {
+    pub(super) fn enter() -> RequestInFlight {
+        REQUESTS_IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        RequestInFlight(())
+    }
+}
+
+impl Drop for RequestInFlight {
+    fn drop(&mut self) {
+        REQUESTS_IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// Set when shutdown begins: governed writes that arrive after it are refused (503, nothing
 /// sent upstream), so the ones in flight can finish and their journal settles be flushed.
 static DRAINING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -693,13 +712,16 @@ pub(super) fn draining() -> bool {
     DRAINING.load(std::sync::atomic::Ordering::Acquire)
 }
 
-/// Refuses new governed writes, then waits (at most `bound`) until none is being handled.
+/// Refuses new governed writes, then waits (at most `bound`) until no request (a write, a
+/// read, a pass-through) is being handled.
 pub(super) async fn writes_done(bound: std::time::Duration) {
     DRAINING.store(true, std::sync::atomic::Ordering::Release);
     let until = std::time::Instant::now() + bound;
-    while WRITES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire) > 0
-        && std::time::Instant::now() < until
-    {
+    let busy = || {
+        WRITES_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire) > 0
+            || REQUESTS_IN_FLIGHT.load(std::sync::atomic::Ordering::Acquire) > 0
+    };
+    while busy() && std::time::Instant::now() < until {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
