@@ -249,6 +249,61 @@ async fn body_limits_media_type_and_malformed_json() {
     );
 }
 
+/// A request refused before its body is read (no key, no such route) says `Connection: close`:
+/// its unread body is left on the connection, and a client that sent its next request there
+/// failed it with a broken pipe. A refusal that read the body keeps the connection.
+#[tokio::test]
+async fn a_body_left_unread_closes_its_connection() {
+    let g = Gate::start(GateOptions::new(Backend::Sqlite)).await;
+    let body = signal_body(json!({})).to_string();
+    let send = |key: Option<&str>, path: &str| {
+        let mut r = g
+            .client
+            .post(g.url(path))
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    let connection = |r: &reqwest::Response| {
+        r.headers()
+            .get("connection")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let r = send(Some("not-a-key"), "/substrate/signals/ingest")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(connection(&r).as_deref(), Some("close"));
+    let r = send(Some(DEMO_KEY), "/substrate/no-such-route")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(connection(&r).as_deref(), Some("close"));
+    // Read, then refused: the connection stays.
+    let r = g
+        .client
+        .post(g.url("/substrate/signals/ingest"))
+        .bearer_auth(DEMO_KEY)
+        .header("content-type", "application/json")
+        .body(r#"{"unknown": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(connection(&r), None);
+    // The client goes on with new connections: every request is answered.
+    for _ in 0..20 {
+        let r = send(Some("not-a-key"), "/substrate/signals/ingest")
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+}
+
 /// What PostgreSQL cannot store or index is refused as the client's mistake, on both backends
 /// alike (it was a 503 "storage is unavailable" on PostgreSQL and a 200 on SQLite): a NUL
 /// character in any string of a body, in a path or in a query; a `sourceId` longer than the

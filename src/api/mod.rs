@@ -186,6 +186,13 @@ async fn edge(State(_state): State<Arc<AppState>>, req: Request, next: Next) -> 
         .uri()
         .path_and_query()
         .is_some_and(|pq| pq.as_str().contains("%00"));
+    let has_body = req
+        .headers()
+        .contains_key(axum::http::header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
     let fut = error::REQUEST_ID.scope(rid.clone(), async move {
         use futures::FutureExt;
         if nul {
@@ -211,6 +218,16 @@ async fn edge(State(_state): State<Arc<AppState>>, req: Request, next: Next) -> 
     let mut resp = error::REQUEST_ID.scope(rid.clone(), as_problem(resp)).await;
     if let Ok(v) = HeaderValue::from_str(&rid) {
         resp.headers_mut().insert("x-request-id", v);
+    }
+    // Refused before its body was read (no key, a rate limit, no such route, a content type or
+    // size refused up front): the unread body is left on the connection, which then cannot
+    // carry another request. Saying so lets the client open a new one instead of failing its
+    // next request on this one.
+    if has_body && matches!(resp.status().as_u16(), 401 | 404 | 405 | 413 | 415 | 429) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            HeaderValue::from_static("close"),
+        );
     }
     let class = match resp.status().as_u16() {
         200..=299 => "2xx",

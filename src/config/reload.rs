@@ -84,9 +84,10 @@ pub async fn reload(state: &AppState) -> Reloaded {
     }
 }
 
-/// A reload may not turn governance off: a file that lost every tenant or every filter pack (an
-/// editor's half-written save, an empty ConfigMap key, a broken template) is refused, not
-/// applied. Running without them takes a restart, where the operator sees what starts.
+/// A reload may not turn governance off: a file that lost every tenant, every API key or every
+/// filter pack (an editor's half-written save, an empty ConfigMap key, a broken template) is
+/// refused, not applied. Running without them takes a restart, where the operator sees what
+/// starts.
 fn drops_governance(
     running: &crate::config::Config,
     new: &crate::config::Config,
@@ -95,6 +96,15 @@ fn drops_governance(
         return Some(
             "the new config names no tenant (the running one has some): a reload may not remove \
              every tenant; restart the gate to run without any"
+                .into(),
+        );
+    }
+    let keys =
+        |c: &crate::config::Config| c.tenants.iter().map(|t| t.api_keys.len()).sum::<usize>();
+    if keys(running) > 0 && keys(new) == 0 {
+        return Some(
+            "the new config names no API key (the running one has some): a reload may not lock \
+             every caller out of the API; restart the gate to run without keys"
                 .into(),
         );
     }
@@ -166,8 +176,41 @@ fn fingerprint(files: &[PathBuf]) -> String {
     hex::encode(h.finalize())
 }
 
+/// The files a runtime was built from, as absolute paths (the watcher's events name absolute
+/// paths), and the directories holding them.
+fn watched(files: &[PathBuf]) -> (BTreeSet<PathBuf>, BTreeSet<PathBuf>) {
+    let files: BTreeSet<PathBuf> = files
+        .iter()
+        .filter_map(|f| std::path::absolute(f).ok())
+        .collect();
+    let dirs = files
+        .iter()
+        .filter_map(|f| f.parent().map(PathBuf::from))
+        .collect();
+    (files, dirs)
+}
+
+/// Whether a watcher event concerns the config: one of its files, or a Kubernetes ConfigMap's
+/// atomic swap (its `..data` link and `..<timestamp>` directories) in a watched directory.
+/// Other files there (a database, a log) change all the time and are not the config's.
+fn concerns_config(event: &notify::Event, files: &BTreeSet<PathBuf>) -> bool {
+    event.paths.iter().any(|p| {
+        files.contains(p)
+            || p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(".."))
+    })
+}
+
+/// How long the config's files must stay unchanged before a reload reads them: an editor or a
+/// tool that writes a file in pieces is read once it has finished, not half-way.
+const QUIET: Duration = Duration::from_millis(300);
+/// The longest a stream of changes delays a reload.
+const QUIET_AT_MOST: Duration = Duration::from_secs(3);
+
 /// Spawns the SIGHUP handler and the directory watcher. Both funnel into one
-/// debounced reload loop.
+/// debounced reload loop. The watched files and directories follow the running config: a pack
+/// a reload adds (in a directory of its own, too) is watched from then on.
 pub fn spawn(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
     if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -179,42 +222,32 @@ pub fn spawn(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bo
         });
     }
     let watch_enabled = state.runtime().config.service.watch && state.config_path.is_some();
-    let mut watcher_holder = None;
+    let (files, mut dirs) = watched(&state.runtime().files);
+    let files = Arc::new(std::sync::RwLock::new(files));
+    let mut watcher = None;
     if watch_enabled {
         let tx = tx.clone();
+        let of_config = files.clone();
         let handler = move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
+            let Ok(event) = res else { return };
+            let files = of_config.read().unwrap_or_else(|e| e.into_inner());
+            if concerns_config(&event, &files) {
                 let _ = tx.try_send(());
             }
         };
         match notify::recommended_watcher(handler) {
             Ok(mut w) => {
-                let dirs: BTreeSet<PathBuf> = state
-                    .runtime()
-                    .files
-                    .iter()
-                    .filter_map(|f| {
-                        f.parent().map(|p| {
-                            if p.as_os_str().is_empty() {
-                                PathBuf::from(".")
-                            } else {
-                                p.to_path_buf()
-                            }
-                        })
-                    })
-                    .collect();
-                for d in dirs {
-                    if let Err(e) = w.watch(&d, RecursiveMode::NonRecursive) {
+                for d in &dirs {
+                    if let Err(e) = w.watch(d, RecursiveMode::NonRecursive) {
                         tracing::warn!(dir = %d.display(), error = %e, "cannot watch config directory; SIGHUP still reloads");
                     }
                 }
-                watcher_holder = Some(w);
+                watcher = Some(w);
             }
             Err(e) => tracing::warn!(error = %e, "file watching unavailable; SIGHUP still reloads"),
         }
     }
     tokio::spawn(async move {
-        let _keep = watcher_holder;
         // A config that was refused is not re-validated until its files change.
         let mut last_refused: Option<String> = None;
         loop {
@@ -222,16 +255,43 @@ pub fn spawn(state: Arc<AppState>, mut shutdown: tokio::sync::watch::Receiver<bo
                 _ = shutdown.changed() => break,
                 got = rx.recv() => if got.is_none() { break },
             }
-            // Debounce: editors and ConfigMap swaps touch several files at once.
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            while rx.try_recv().is_ok() {}
+            // Debounce: editors and ConfigMap swaps touch several files at once, and a file
+            // written in pieces is read once it has been quiet for a moment.
+            let until = tokio::time::Instant::now() + QUIET_AT_MOST;
+            loop {
+                tokio::time::sleep(QUIET).await;
+                let mut more = false;
+                while rx.try_recv().is_ok() {
+                    more = true;
+                }
+                if !more || tokio::time::Instant::now() >= until {
+                    break;
+                }
+            }
             let fp = fingerprint(&state.runtime().files);
             if last_refused.as_deref() == Some(fp.as_str()) {
                 continue;
             }
             last_refused = match reload(&state).await {
                 Reloaded::Refused(_) => Some(fp),
-                _ => None,
+                Reloaded::Swapped { .. } => {
+                    // Follow the new config's files: watch the directories it added.
+                    let (now_files, now_dirs) = watched(&state.runtime().files);
+                    if let Some(w) = watcher.as_mut() {
+                        for d in now_dirs.difference(&dirs) {
+                            if let Err(e) = w.watch(d, RecursiveMode::NonRecursive) {
+                                tracing::warn!(dir = %d.display(), error = %e, "cannot watch config directory; SIGHUP still reloads");
+                            }
+                        }
+                    }
+                    *files.write().unwrap_or_else(|e| e.into_inner()) = now_files;
+                    dirs.extend(now_dirs);
+                    None
+                }
+                Reloaded::Unchanged => {
+                    tracing::info!("config reload: nothing changed");
+                    None
+                }
             };
         }
     });
