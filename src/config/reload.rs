@@ -144,6 +144,11 @@ fn keep_restart_only(
         kept.push("storage");
         new.storage = running.storage.clone();
     }
+    // The log format is the subscriber's, set up once; the level reloads.
+    if running.logging.format != new.logging.format {
+        kept.push("logging.format");
+        new.logging.format = running.logging.format.clone();
+    }
     kept
 }
 
