@@ -127,14 +127,19 @@ async fn reload_under_load_good_takes_effect_bad_is_refused() {
     }
 }
 
-async fn wait_failed_above(g: &Gate, before: u64) -> bool {
+/// Waits until more reloads with `result` (`ok`, `failed`) were counted than `before`.
+async fn wait_reloads_above(g: &Gate, result: &str, before: u64) -> bool {
     for _ in 0..100 {
-        if g.reloads("failed").await > before {
+        if g.reloads(result).await > before {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
+}
+
+async fn wait_failed_above(g: &Gate, before: u64) -> bool {
+    wait_reloads_above(g, "failed", before).await
 }
 
 /// An editor's half-written save, an empty ConfigMap key: a config that names no tenant or no
@@ -220,13 +225,7 @@ async fn a_reload_cannot_turn_governance_off_nor_claim_what_only_a_restart_chang
 }
 
 async fn wait_ok_above(g: &Gate, before: u64) -> bool {
-    for _ in 0..100 {
-        if g.reloads("ok").await > before {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    wait_reloads_above(g, "ok", before).await
 }
 
 /// The watcher follows the config: a filter pack a reload adds, in a directory the gate did not
