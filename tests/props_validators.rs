@@ -140,7 +140,7 @@ fn valid_ingest() -> impl Strategy<Value = Map<String, Value>> {
         opt("evidenceRefs", o.8.map(|v| json!(v)));
         opt("observedAt", o.9.map(Value::from));
         opt("metadata", o.10.map(Value::Object));
-        m
+        nul_free(m)
     })
 }
 
@@ -165,7 +165,7 @@ fn valid_evaluate() -> impl Strategy<Value = Map<String, Value>> {
                     m.insert(k.into(), v);
                 }
             }
-            m
+            nul_free(m)
         })
 }
 
@@ -188,6 +188,29 @@ fn valid_replay() -> impl Strategy<Value = Map<String, Value>> {
             }
             m
         })
+}
+
+/// `v` with every NUL character (in strings and member names) made U+0001: the gate refuses a
+/// NUL anywhere in a request (PostgreSQL stores none), so valid requests carry none.
+fn without_nul(v: Value) -> Value {
+    let clean = |s: String| s.replace('\0', "\u{1}");
+    match v {
+        Value::String(s) => Value::String(clean(s)),
+        Value::Array(a) => Value::Array(a.into_iter().map(without_nul).collect()),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (clean(k), without_nul(v)))
+                .collect(),
+        ),
+        v => v,
+    }
+}
+
+fn nul_free(m: Map<String, Value>) -> Map<String, Value> {
+    match without_nul(Value::Object(m)) {
+        Value::Object(m) => m,
+        _ => unreachable!("an object stays an object"),
+    }
 }
 
 fn bytes_of(m: &Map<String, Value>) -> Vec<u8> {
@@ -309,8 +332,8 @@ proptest! {
         i in valid_ingest(),
         e in valid_evaluate(),
         r in valid_replay(),
-        name in nasty_string(),
-        value in json_value(2),
+        name in nasty_string().prop_map(|s| s.replace('\0', "\u{1}")),
+        value in json_value(2).prop_map(without_nul),
     ) {
         for (mut m, known) in [(i, INGEST_FIELDS), (e, EVALUATE_FIELDS), (r, REPLAY_FIELDS)] {
             if known.contains(&name.as_str()) {
@@ -400,6 +423,32 @@ proptest! {
                 prop_assert_eq!(e.code, "invalid_json");
             }
         }
+    }
+
+    /// A NUL character put into the sourceId, the payload or a metadata value of a valid
+    /// request is refused with a 400 that names where it is.
+    #[test]
+    fn a_nul_is_refused_naming_its_place(i in valid_ingest(), at in 0usize..3, pos in 0usize..16) {
+        let mut m = i;
+        let (key, path) = match at {
+            0 => ("sourceId", "sourceId".to_string()),
+            1 => ("payload", "payload".to_string()),
+            _ => ("metadata", "metadata.k".to_string()),
+        };
+        let mut text = match key {
+            "metadata" => "note".to_string(),
+            k => m[k].as_str().unwrap().to_string(),
+        };
+        let pos = text.char_indices().map(|(i, _)| i).nth(pos).unwrap_or(text.len());
+        text.insert(pos, '\0');
+        if key == "metadata" {
+            m.insert("metadata".into(), json!({"k": text}));
+        } else {
+            m.insert(key.into(), json!(text));
+        }
+        let e = parse_json::<IngestRequest>(&bytes_of(&m), DEPTH).unwrap_err();
+        assert_client_error(&e)?;
+        prop_assert!(names_field(&e, &path), "{:?}", e);
     }
 
     /// The key's authority ceiling bounds the normalized authority, whatever was requested.
