@@ -198,14 +198,15 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8], max_depth: usize) -> Result
     // on both backends alike, naming the field, rather than failing at the database as if
     // storage were down.
     if has_nul_escape(bytes) {
-        let path = serde_json::from_slice::<serde_json::Value>(bytes)
+        let at = serde_json::from_slice::<serde_json::Value>(bytes)
             .ok()
-            .and_then(|v| nul_path(&v, String::new()))
-            .unwrap_or_else(|| "body".into());
-        return Err(ApiError::field(
-            path,
-            "must not contain the NUL character (U+0000)",
-        ));
+            .and_then(|v| nul_path(&v, String::new()));
+        if let Some(path) = at {
+            return Err(ApiError::field(
+                path,
+                "must not contain the NUL character (U+0000)",
+            ));
+        }
     }
     // Request bodies are objects: serde would also read a struct from an array of its field
     // values in declaration order, which the documented schema does not allow.
@@ -258,7 +259,12 @@ fn has_nul_escape(bytes: &[u8]) -> bool {
     false
 }
 
-/// The path (as field errors name it: `a.b[0]`) of the first string or member name holding a NUL.
+/// Free-form members of request bodies (`metadata`, an action's `parameters`, a proposed
+/// effect): kept as JSON text, where a NUL is an escape like any other, so it may be in them.
+const FREE_FORM: &[&str] = &["metadata", "parameters", "proposedEffect"];
+
+/// The path (as field errors name it: `a.b[0]`) of the first string or member name holding a NUL,
+/// outside the free-form members.
 fn nul_path(v: &serde_json::Value, at: String) -> Option<String> {
     use serde_json::Value;
     let join = |k: &str| {
@@ -279,6 +285,9 @@ fn nul_path(v: &serde_json::Value, at: String) -> Option<String> {
         Value::Object(m) => m.iter().find_map(|(k, x)| {
             if k.contains('\0') {
                 Some(join(&k.replace('\0', "\\u0000")))
+            } else if FREE_FORM.contains(&k.as_str()) {
+                // Stored as JSON text, escaped: any string may be inside.
+                None
             } else {
                 nul_path(x, join(k))
             }
@@ -369,6 +378,8 @@ mod tests {
             field(r#"{"a":"x","b":[1,{"k":"\u0000"}]}"#).as_deref(),
             Some("b[1].k")
         );
+        // Inside a free-form member (kept as JSON text) a NUL is an escape like any other.
+        assert!(parse_json::<T>(br#"{"a":"x","b":[{"metadata":{"k":"\u0000"}}]}"#, 64).is_ok());
         // An escaped backslash followed by `u0000` is the text `\u0000`, not a NUL.
         assert!(parse_json::<T>(br#"{"a":"x\\u0000","b":[]}"#, 64).is_ok());
         assert!(has_nul_escape(br#"{"\u0000":1}"#));

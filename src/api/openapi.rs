@@ -326,6 +326,38 @@ fn optional_bodies(doc: &mut serde_json::Value) {
     }
 }
 
+/// The gate refuses a NUL character in any typed string (PostgreSQL stores none; see
+/// `api::extract`): every string schema with no format, enumeration or pattern of its own says
+/// so with a pattern, in bodies and parameters alike. Free-form objects (metadata) keep theirs.
+fn no_nul_strings(doc: &mut serde_json::Value) {
+    use serde_json::Value;
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                let is_string = match m.get("type") {
+                    Some(Value::String(t)) => t == "string",
+                    Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+                    _ => false,
+                };
+                let constrained = ["format", "enum", "const", "pattern"]
+                    .iter()
+                    .any(|k| m.contains_key(*k));
+                if is_string && !constrained {
+                    m.insert("pattern".into(), Value::from("^[^\\u0000]*$"));
+                }
+                m.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    for key in ["paths", "components"] {
+        if let Some(v) = doc.get_mut(key) {
+            walk(v);
+        }
+    }
+}
+
 /// The document, with routes of other modules merged in, and the OpenAPI
 /// 3.1 top-level `webhooks` (utoipa has no field for it: it goes in as a
 /// top-level key through the flattened extensions map).
@@ -344,6 +376,7 @@ static DOC: LazyLock<String> = LazyLock::new(|| {
     event_name_enums(&mut doc);
     secret_schemas(&mut doc);
     optional_bodies(&mut doc);
+    no_nul_strings(&mut doc);
     add_links(&mut doc);
     serde_json::to_string(&doc).unwrap_or_else(|_| "{}".into())
 });
