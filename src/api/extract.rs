@@ -259,9 +259,9 @@ fn has_nul_escape(bytes: &[u8]) -> bool {
     false
 }
 
-/// Free-form members of request bodies (`metadata`, an action's `parameters`, a proposed
-/// effect): kept as JSON text, where a NUL is an escape like any other, so it may be in them.
-const FREE_FORM: &[&str] = &["metadata", "parameters", "proposedEffect"];
+/// Free-form members of request bodies (`metadata`, an action's `parameters`): kept as JSON
+/// text, where a NUL is an escape like any other, so it may be in them.
+const FREE_FORM: &[&str] = &["metadata", "parameters"];
 
 /// The path (as field errors name it: `a.b[0]`) of the first string or member name holding a NUL,
 /// outside the free-form members.

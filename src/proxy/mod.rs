@@ -269,7 +269,7 @@ impl ShutdownSignalWatch for WatchShutdown {
                 break;
             }
         }
-        write::writes_done(self.grace).await;
+        write::requests_done(self.grace).await;
         let flushed =
             tokio::time::timeout(std::time::Duration::from_secs(5), self.state.store.flush()).await;
         if flushed.is_err() {

@@ -714,7 +714,7 @@ pub(super) fn draining() -> bool {
 
 /// Refuses new governed writes, then waits (at most `bound`) until no request (a write, a
 /// read, a pass-through) is being handled.
-pub(super) async fn writes_done(bound: std::time::Duration) {
+pub(super) async fn requests_done(bound: std::time::Duration) {
     DRAINING.store(true, std::sync::atomic::Ordering::Release);
     let until = std::time::Instant::now() + bound;
     let busy = || {
