@@ -817,17 +817,35 @@ async fn tenants_see_and_touch_only_their_own_subscriptions() {
             .await;
         assert_eq!(v, json!([]));
 
-        // Another tenant's id: 404 for update and rotate, and nothing changes.
+        // Another tenant's id: an upsert with it makes a subscription of the caller's own
+        // (ids are keyed per tenant: the answer is that of an unused id), rotate answers 404,
+        // and the owner's subscription is untouched.
         let hijack = json!({"id": mine["id"], "productSurface": "generic", "eventName": "receipt.created", "targetUrl": "http://127.0.0.1:9/stolen"});
         let (s, v) = g
             .post(OTHER_KEY, "/substrate/webhooks/subscriptions", &hijack)
             .await;
-        assert_problem(s, &v, 404, "not_found");
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["id"], mine["id"]);
+        assert_eq!(v["tenantId"], theirs["tenantId"]);
+        assert_ne!(v["secret"], mine["secret"]);
+        let (_, v) = g.get(OTHER_KEY, "/substrate/webhooks/subscriptions").await;
+        assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
         let rotate = format!(
             "/substrate/webhooks/subscriptions/{}/rotate",
             mine["id"].as_str().unwrap()
         );
         let (s, v) = g.post(OTHER_KEY, &rotate, &json!({})).await;
+        assert_eq!(s, 200, "the caller's own subscription of that id: {v}");
+        let (s, v) = g
+            .post(
+                OTHER_KEY,
+                &format!(
+                    "/substrate/webhooks/subscriptions/{}/rotate",
+                    uuid::Uuid::new_v4()
+                ),
+                &json!({}),
+            )
+            .await;
         assert_problem(s, &v, 404, "not_found");
         let (s, v) = g
             .post(

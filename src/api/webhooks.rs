@@ -91,7 +91,9 @@ const PROBLEMS: &str = "application/problem+json";
 
 /// Create or update a webhook subscription.
 ///
-/// Without `id` (or with an `id` not yet used) the subscription is inserted;
+/// Without `id` (or with an `id` none of the tenant's subscriptions has) the
+/// subscription is inserted (ids are the tenant's own: another tenant's
+/// subscription of the same id is neither seen nor changed);
 /// a secret is generated (`whsec_` + base64 of 32 random bytes) when none is
 /// given. With the `id` of one of the tenant's subscriptions it is updated:
 /// fields left out (`secret`, `status`, `metadata`) keep their value; a new
@@ -109,7 +111,6 @@ const PROBLEMS: &str = "application/problem+json";
         (status = 400, description = "Invalid request, e.g. a targetUrl that is not http(s) or resolves to a forbidden address", body = Problem, content_type = PROBLEMS),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = PROBLEMS),
         (status = 403, description = "Tenant mismatch", body = Problem, content_type = PROBLEMS),
-        (status = 404, description = "The id names another tenant's subscription", body = Problem, content_type = PROBLEMS),
         (status = 409, description = "A concurrent upsert took the same id", body = Problem, content_type = PROBLEMS),
         (status = 413, description = "Body too large", body = Problem, content_type = PROBLEMS),
         (status = 415, description = "Not JSON", body = Problem, content_type = PROBLEMS),
@@ -159,8 +160,7 @@ pub async fn upsert_subscription(
                 metadata: req.metadata,
             },
         )
-        .await?
-        .ok_or_else(|| ApiError::not_found("webhook subscription"))?;
+        .await?;
     tracing::info!(subscription = %stored.id, event = %stored.event_name, status = %stored.status, "webhook subscription stored");
     Ok(Json(stored))
 }

@@ -69,7 +69,6 @@ pub async fn subscribe(
         )
         .await
         .unwrap()
-        .unwrap()
 }
 
 /// A bare receipt of `tenant` (kind `test`, no source, no trace) that asks for a

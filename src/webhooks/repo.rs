@@ -182,6 +182,7 @@ struct ClaimRow {
 
 #[derive(sqlx::FromRow)]
 struct TargetRow {
+    tenant_id: String,
     id: String,
     target_url: String,
     secret: String,
@@ -282,14 +283,14 @@ pub enum Recorded {
 pub const DEAD_LETTER_EVENT: &str = "delivery.dead_lettered";
 
 impl Store {
-    /// Inserts, or updates the subscription `w.id` names. `None` when that id
-    /// belongs to another tenant (the caller answers 404). Revoking a
+    /// Inserts, or updates the tenant's subscription `w.id` names. Ids are keyed per tenant:
+    /// another tenant's subscription of the same id is neither seen nor touched. Revoking a
     /// subscription cancels its undelivered deliveries in the same transaction.
     pub async fn upsert_subscription(
         &self,
         tenant: Uuid,
         w: SubscriptionWrite,
-    ) -> Result<Option<WebhookSubscription>> {
+    ) -> Result<WebhookSubscription> {
         let tenant_s = tenant.to_string();
         let at = now();
         let id = w.id.unwrap_or_else(Uuid::new_v4);
@@ -300,18 +301,18 @@ impl Store {
             .map(|m| serde_json::Value::Object(m.clone()).to_string());
         let sql_existing = |d: &crate::store::Dialect| {
             format!(
-                "SELECT {SUBSCRIPTION_COLUMNS} FROM webhook_subscriptions WHERE id = $1{}",
+                "SELECT {SUBSCRIPTION_COLUMNS} FROM webhook_subscriptions WHERE tenant_id = $1 AND id = $2{}",
                 d.for_update
             )
         };
         let stored = with_pool!(self, write, |p, d| {
             let mut tx = p.begin().await?;
             let existing: Option<SubscriptionRow> = sqlx::query_as(&sql_existing(d))
+                .bind(&tenant_s)
                 .bind(&id_s)
                 .fetch_optional(&mut *tx)
                 .await?;
             let row = match existing {
-                Some(e) if e.tenant_id != tenant_s => return Ok(None),
                 Some(e) => {
                     let secret = w
                         .secret
@@ -330,7 +331,7 @@ impl Store {
                         "UPDATE webhook_subscriptions SET product_surface = $1, event_name = $2, target_url = $3, secret = $4, status = $5, metadata = $6, updated_at = $7, \
                          previous_secret = CASE WHEN $8 = 1 THEN NULL ELSE previous_secret END, \
                          previous_secret_expires_at = CASE WHEN $8 = 1 THEN NULL ELSE previous_secret_expires_at END \
-                         WHERE id = $9",
+                         WHERE tenant_id = $9 AND id = $10",
                     )
                     .bind(w.product_surface.as_str())
                     .bind(&w.event_name)
@@ -340,6 +341,7 @@ impl Store {
                     .bind(&metadata)
                     .bind(&at)
                     .bind(replaced as i64)
+                    .bind(&tenant_s)
                     .bind(&id_s)
                     .execute(&mut *tx)
                     .await?;
@@ -403,9 +405,9 @@ impl Store {
             tx.commit().await?;
             // Proxied receipts' events must find the subscription from now on.
             crate::store::subscriptions_changed();
-            Ok::<_, StoreError>(Some(row))
+            Ok::<_, StoreError>(row)
         })?;
-        stored.map(SubscriptionRow::into_model).transpose()
+        stored.into_model()
     }
 
     pub async fn get_subscription(
@@ -632,7 +634,7 @@ impl Store {
             // than the limit. The outer conditions repeat the inner ones: on
             // PostgreSQL a row another claim updated meanwhile is re-checked.
             let sql = format!(
-                "WITH due AS (SELECT d.id FROM webhook_deliveries d JOIN webhook_subscriptions s ON s.id = d.subscription_id \
+                "WITH due AS (SELECT d.id FROM webhook_deliveries d JOIN webhook_subscriptions s ON s.tenant_id = d.tenant_id AND s.id = d.subscription_id \
                    WHERE d.{WAITING} AND d.next_retry_at <= $3 AND (d.cycle_attempt > 0 OR d.next_retry_at <= $5) AND s.status = 'active' \
                    ORDER BY d.next_retry_at LIMIT $4{lock}) \
                  UPDATE webhook_deliveries SET lease_owner = $1, next_retry_at = $2, attempt_count = attempt_count + 1, cycle_attempt = cycle_attempt + 1, last_attempt_at = $3, updated_at = $3 \
@@ -651,22 +653,28 @@ impl Store {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let mut sub_ids: Vec<&str> = rows.iter().map(|r| r.subscription_id.as_str()).collect();
-        sub_ids.sort_unstable();
-        sub_ids.dedup();
-        let placeholders: Vec<String> = (1..=sub_ids.len()).map(|i| format!("${i}")).collect();
+        // Subscriptions are keyed per tenant: each claimed row's own (tenant, subscription).
+        let mut sub_keys: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|r| (r.tenant_id.as_str(), r.subscription_id.as_str()))
+            .collect();
+        sub_keys.sort_unstable();
+        sub_keys.dedup();
+        let wanted: Vec<String> = (0..sub_keys.len())
+            .map(|i| format!("(tenant_id = ${} AND id = ${})", 2 * i + 1, 2 * i + 2))
+            .collect();
         let sql = format!(
-            "SELECT id, target_url, secret, previous_secret, previous_secret_expires_at, status FROM webhook_subscriptions WHERE id IN ({})",
-            placeholders.join(", ")
+            "SELECT tenant_id, id, target_url, secret, previous_secret, previous_secret_expires_at, status FROM webhook_subscriptions WHERE {}",
+            wanted.join(" OR ")
         );
         let targets: Vec<TargetRow> = with_pool!(self, read, |p, _d| {
             let mut q = sqlx::query_as(&sql);
-            for id in &sub_ids {
-                q = q.bind(*id);
+            for (tenant, id) in &sub_keys {
+                q = q.bind(*tenant).bind(*id);
             }
             q.fetch_all(p).await?
         });
-        let targets: HashMap<String, Target> = targets
+        let targets: HashMap<(String, String), Target> = targets
             .into_iter()
             .map(|t| {
                 let mut secrets = vec![Secret::new(t.secret)];
@@ -677,7 +685,7 @@ impl Store {
                     }
                 }
                 (
-                    t.id,
+                    (t.tenant_id, t.id),
                     Target {
                         url: t.target_url,
                         secrets,
@@ -693,7 +701,9 @@ impl Store {
                     id: uuid(&r.id, "delivery id")?,
                     tenant_id: uuid(&r.tenant_id, "delivery tenant")?,
                     subscription_id: uuid(&r.subscription_id, "delivery subscription")?,
-                    target: targets.get(&r.subscription_id).cloned(),
+                    target: targets
+                        .get(&(r.tenant_id.clone(), r.subscription_id.clone()))
+                        .cloned(),
                     event_id: r.event_id,
                     event_name: r.event_name,
                     payload: r.payload,
@@ -876,6 +886,66 @@ mod tests {
             .collect();
         store.enqueue_events(tenant, &events).await.unwrap();
         sub
+    }
+
+    /// Subscription ids are keyed per tenant: two tenants may hold the same id (an upsert lets
+    /// the caller choose it), each reads and updates its own, and each tenant's deliveries go
+    /// to its own subscription's target.
+    #[tokio::test]
+    async fn two_tenants_may_hold_one_subscription_id_each_their_own() {
+        for (store, _dir) in stores().await {
+            let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+            let id = Uuid::new_v4();
+            let write = |target: &str| SubscriptionWrite {
+                id: Some(id),
+                product_surface: crate::kernel::types::ProductSurface::Generic,
+                event_name: "receipt.created".into(),
+                target_url: target.into(),
+                secret: None,
+                status: None,
+                metadata: None,
+            };
+            let sa = store
+                .upsert_subscription(a, write("http://a.example/hook"))
+                .await
+                .unwrap();
+            let sb = store
+                .upsert_subscription(b, write("http://b.example/hook"))
+                .await
+                .unwrap();
+            assert_eq!((sa.id, sb.id), (id, id));
+            assert_ne!(sa.secret.expose(), sb.secret.expose());
+            // An update of b's touches only b's.
+            store
+                .upsert_subscription(b, write("http://b.example/other"))
+                .await
+                .unwrap();
+            let got_a = store.get_subscription(a, id).await.unwrap().unwrap();
+            let got_b = store.get_subscription(b, id).await.unwrap().unwrap();
+            assert_eq!(got_a.target_url, "http://a.example/hook");
+            assert_eq!(got_a.tenant_id, a);
+            assert_eq!(got_b.target_url, "http://b.example/other");
+            let event = |n| EventWrite {
+                name: "receipt.created".into(),
+                data: serde_json::json!({ "n": n }),
+            };
+            store.enqueue_events(a, &[event(1)]).await.unwrap();
+            store.enqueue_events(b, &[event(2)]).await.unwrap();
+            let claimed = store
+                .claim_deliveries(10, Duration::from_secs(60), Duration::ZERO)
+                .await
+                .unwrap();
+            assert_eq!(claimed.len(), 2);
+            for c in claimed {
+                let target = c.target.expect("the delivery's subscription");
+                let want = if c.tenant_id == a {
+                    "http://a.example/hook"
+                } else {
+                    "http://b.example/other"
+                };
+                assert_eq!(target.url, want);
+            }
+        }
     }
 
     #[tokio::test]
