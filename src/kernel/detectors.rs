@@ -47,7 +47,7 @@
 //! policy patterns still run when only `source_laundering` needs them. Details never quote the
 //! matched secret or personal data.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind};
 use regex::{Regex, RegexBuilder};
@@ -2789,6 +2789,22 @@ enum RuleGate {
     Always,
 }
 
+/// A built-in pattern, compiled once per process: every tenant's policy and every reload shares
+/// the compiled program (a `Regex` clone shares it), so a reload or a config of many tenants
+/// does not compile the ~130 built-in automata again each time. Tenant phrases are compiled
+/// per policy and never kept here, so the map holds the built-in patterns only.
+fn builtin_regex(pattern: &str) -> Result<Regex, regex::Error> {
+    static COMPILED: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Regex>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut compiled = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = compiled.get(pattern) {
+        return Ok(r.clone());
+    }
+    let r = Regex::new(pattern)?;
+    compiled.insert(pattern.to_string(), r.clone());
+    Ok(r)
+}
+
 impl Detectors {
     /// Validates the tenant's tuning and compiles every automaton. The error names the offending
     /// entry (weight, host or phrase).
@@ -2878,9 +2894,12 @@ impl Detectors {
         let mut rules_of_kind = [0u128; 9];
         for (i, (reason, pattern, gate, check, detail)) in specs.into_iter().enumerate() {
             let bit = 1u128 << i;
-            let regex = RegexBuilder::new(&pattern)
-                .build()
-                .map_err(|e| format!("detector pattern for {}: {e}", reason.code()))?;
+            let regex = if i < RULES.len() {
+                builtin_regex(&pattern)
+            } else {
+                RegexBuilder::new(&pattern).build()
+            }
+            .map_err(|e| format!("detector pattern for {}: {e}", reason.code()))?;
             match gate {
                 RuleGate::Anchors(list) => list.iter().for_each(|a| slot(a, bit, 0)),
                 RuleGate::Digits => digit_rules |= bit,
@@ -2901,14 +2920,14 @@ impl Detectors {
         for (i, h) in HIDDEN.iter().enumerate() {
             h.anchors.iter().for_each(|a| slot(a, 0, 1 << i));
             hidden.push(Hidden {
-                regex: Regex::new(&ascii_classes(h.pattern))
+                regex: builtin_regex(&ascii_classes(h.pattern))
                     .map_err(|e| format!("hidden-text pattern {i}: {e}"))?,
                 detail: h.detail,
             });
         }
         URL_ANCHORS.iter().for_each(|a| slot(a, 0, URL_BIT));
         let url =
-            Regex::new(&ascii_classes(URL_PATTERN)).map_err(|e| format!("url pattern: {e}"))?;
+            builtin_regex(&ascii_classes(URL_PATTERN)).map_err(|e| format!("url pattern: {e}"))?;
 
         let prefilter = AhoCorasick::builder()
             .ascii_case_insensitive(true)
@@ -2916,7 +2935,7 @@ impl Detectors {
             .build(&anchors)
             .map_err(|e| format!("detector prefilter: {e}"))?;
 
-        let base64 = Regex::new(BASE64_PATTERN).map_err(|e| format!("base64 pattern: {e}"))?;
+        let base64 = builtin_regex(BASE64_PATTERN).map_err(|e| format!("base64 pattern: {e}"))?;
 
         Ok(Detectors {
             rules,
