@@ -5,6 +5,7 @@
 
 pub mod cache;
 pub mod detectors;
+pub mod learned;
 pub mod operations;
 pub mod policy;
 pub mod transitions;
@@ -416,14 +417,19 @@ pub fn evaluate_with_digest(
     }
 
     // A claim is only risky from a source without the authority to make it:
-    // policy language from the policy owner is what a policy corpus is for.
+    // policy language from the policy owner is what a policy corpus is for. The
+    // learned detector judges wording, and orders to agents are what a source with
+    // authority over them writes, so its findings are discounted the same way; in
+    // the policy corpus, where authority requirements govern influence, it warns
+    // and never holds a write by itself.
     let claim_discount = 1.0 - s.source_authority_level.clamp(0.0, 1.0);
     for f in findings.iter_mut() {
-        if matches!(
-            f.kind,
-            DetectorKind::PolicyClaim | DetectorKind::AuthorityClaim
-        ) {
+        let learned = detectors::is_learned(f.reason_code);
+        if learned || matches!(f.kind, DetectorKind::PolicyClaim | DetectorKind::AuthorityClaim) {
             f.weight *= claim_discount;
+        }
+        if learned && s.target_substrate == TargetSubstrate::PolicyCorpus {
+            f.weight = f.weight.min(detectors::MODEL_WARN_WEIGHT);
         }
     }
     let has = |k: DetectorKind| findings.iter().any(|f| f.kind == k);
@@ -479,22 +485,24 @@ pub fn evaluate_with_digest(
         && s.target_substrate != TargetSubstrate::PolicyCorpus
     {
         // Outside the policy corpus nothing gates a policy-like claim by
-        // authority: once retrieved it steers agents as if it were policy.
-        // From a low-trust source that is poisoning, so it is held.
-        decision = RuntimeDecision::Quarantine;
+        // authority. RAG stores are full of legal texts, policies and rules, so
+        // the claim alone does not hold the write: it stays observable, marked
+        // untrusted, and may not become an action basis. Orders aimed at an AI
+        // reader are held by the injection findings above.
+        decision = RuntimeDecision::MarkUntrusted;
         reasons.push("policy_claim_outside_policy_corpus".into());
         gap = Some(Gap {
             kind: ObstructionType::SourceLaundering,
-            severity: Severity::High,
+            severity: Severity::Moderate,
             explanation: format!(
-                "A low-trust source (trust {:.2}) writes policy-like or authoritative language into {}; it is held until someone with authority reviews it.",
+                "A low-trust source (trust {:.2}) writes policy-like or authoritative language into {}; it stays observable as untrusted content and carries no authority until its owner confirms it.",
                 trust, s.target_substrate.as_str()
             ),
             repair: RepairClass::AuthorityRerouting,
-            candidates: vec![RepairClass::AuthorityRerouting, RepairClass::ManualReview, RepairClass::Tombstone],
+            candidates: vec![RepairClass::AuthorityRerouting, RepairClass::ManualReview],
             approvals: vec![format!("{}_owner", s.target_substrate.as_str())],
-            steps: vec![step("route-to-authority", "Route the claim to its owner; release it only with their approval, or move it to the policy corpus.".into(), "the claim carries real authority or is discarded")],
-            expected: ExpectedOutcome::ManualResolutionRequired,
+            steps: vec![step("route-to-authority", "Route the claim to its owner; it gains authority only with their approval, or by moving it to the policy corpus.".into(), "the claim carries real authority or stays untrusted")],
+            expected: ExpectedOutcome::AllowAfterRepair,
         });
     } else if authority_gap || evidence_gap {
         decision = RuntimeDecision::MarkUntrusted;

@@ -4,6 +4,8 @@
 //! same version everywhere (every gate of a fleet, every restart).
 
 use super::detectors::Detectors;
+use super::learned::Model;
+use std::sync::Arc;
 use super::types::{
     AllowedInfluence, EvaluationMode, EvaluationProfile, ProposedMutation, TargetSubstrate,
 };
@@ -65,6 +67,17 @@ impl CompiledPolicy {
     /// Compiles a policy; the error says what is wrong (validation has
     /// normally caught it earlier with a field path).
     pub fn compile(name: &str, cfg: &PolicyConfig) -> Result<CompiledPolicy, String> {
+        CompiledPolicy::compile_with_model(name, cfg, Model::builtin())
+    }
+
+    /// [`CompiledPolicy::compile`] with another learned model than the built-in one (training
+    /// and evaluation). The model's digest is bound into the content, so a changed model is a
+    /// new coefficient version.
+    pub fn compile_with_model(
+        name: &str,
+        cfg: &PolicyConfig,
+        model: Option<Arc<Model>>,
+    ) -> Result<CompiledPolicy, String> {
         let mode = EvaluationMode::parse(&cfg.mode)
             .ok_or_else(|| format!("unknown mode {:?}", cfg.mode))?;
         let profile = EvaluationProfile::parse(&cfg.profile)
@@ -89,8 +102,12 @@ impl CompiledPolicy {
                     .ok_or("unknown influence")?,
             });
         }
-        let detectors = Detectors::compile(&cfg.detectors)?;
-        let value = serde_json::to_value(cfg).map_err(|e| e.to_string())?;
+        let detectors = Detectors::compile_with_model(&cfg.detectors, model)?;
+        let mut bound = cfg.clone();
+        if bound.detectors.model.digest.is_none() {
+            bound.detectors.model.digest = detectors.model_digest().map(str::to_string);
+        }
+        let value = serde_json::to_value(&bound).map_err(|e| e.to_string())?;
         let content = crate::receipts::canonical_json(&value).map_err(|e| e.to_string())?;
         let content_hash = hex::encode(Sha256::digest(content.as_bytes()));
         let version_id = Uuid::new_v5(
@@ -115,8 +132,17 @@ impl CompiledPolicy {
     }
 
     /// Rebuilds a policy from a stored coefficient version (replay with a pinned version).
+    /// A version stored before the learned detector existed names no model: it is rebuilt
+    /// without one, as it was evaluated.
     pub fn from_content(content: &str) -> Result<CompiledPolicy, String> {
-        let cfg: PolicyConfig = serde_json::from_str(content)
+        let mut value: serde_json::Value = serde_json::from_str(content)
+            .map_err(|e| format!("stored coefficient version does not parse: {e}"))?;
+        if let Some(detectors) = value.get_mut("detectors").and_then(|d| d.as_object_mut()) {
+            detectors
+                .entry("model")
+                .or_insert_with(|| serde_json::json!({"enabled": false}));
+        }
+        let cfg: PolicyConfig = serde_json::from_value(value)
             .map_err(|e| format!("stored coefficient version does not parse: {e}"))?;
         CompiledPolicy::compile("stored", &cfg)
     }
