@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One command from tests/detector_corpus to models/injection.sgim and docs/detector-report.md:
+# One command from tests/detector_corpus to models/injection.sgim (with its golden scores,
+# models/injection.golden.jsonl) and docs/detector-report.md:
 #
 #   bash scripts/detector/build.sh
 #
@@ -27,6 +28,9 @@ python3 scripts/detector/evaluate.py calibrate "$W"
 read -r HOLD WARN A B < <(python3 -c "import json; t=json.load(open('$W/thresholds.json')); print(t['hold'], t['warn'], t['a'], t['b'])")
 python3 scripts/detector/train.py "$W" --out models/injection.sgim --hold "$HOLD" --warn "$WARN" --calibration "$A" "$B"
 "$LAB" score --model models/injection.sgim --input "$W/heldout_records.jsonl" --out "$W/heldout_scores"
+python3 scripts/detector/evaluate.py golden-texts "$W"
+"$LAB" score --model models/injection.sgim --input "$W/golden_records.jsonl" --out "$W/golden_scores"
+python3 scripts/detector/evaluate.py golden "$W" models/injection.golden.jsonl
 python3 scripts/detector/evaluate.py info "$W" models/injection.sgim
 python3 scripts/detector/evaluate.py report "$W" docs/detector-report.md "bash scripts/detector/build.sh"
 sha256sum models/injection.sgim

@@ -5,6 +5,9 @@
     evaluate.py calibrate WORKDIR          oof_scores_F.jsonl -> thresholds.json (Platt scaling
                                            of the logit, and the hold and warn thresholds)
     evaluate.py info WORKDIR MODEL         what the report says of the data and the model
+    evaluate.py golden-texts WORKDIR       a fixed sample of training texts -> golden_records.jsonl
+    evaluate.py golden WORKDIR OUT         their scores by the final model -> OUT (a unit test
+                                           checks the kernel reproduces every logit bit for bit)
     evaluate.py report WORKDIR OUT.md CMD  held-out and out-of-fold scores -> the report
 
 "Held back" is a kernel decision that keeps the record from the store (quarantine, block,
@@ -255,12 +258,31 @@ def info(w, model_path):
     json.dump(out, open(os.path.join(w, "info.json"), "w"), indent=1)
 
 
+GOLDEN_EVERY = 2500
+
+
+def golden_texts(w):
+    docs = jl(os.path.join(w, "train_docs.jsonl"))
+    texts = ["".join(p["t"] for p in d["parts"]) for d in docs[::GOLDEN_EVERY]]
+    dump(os.path.join(w, "golden_records.jsonl"), [{"text": t} for t in texts])
+
+
+def golden(w, out):
+    texts = jl(os.path.join(w, "golden_records.jsonl"))
+    scores = jl(os.path.join(w, "golden_scores.jsonl"))
+    dump(out, [{"text": t["text"], "logit": s["logit"]} for t, s in zip(texts, scores)])
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "split":
         split(sys.argv[2])
     elif cmd == "calibrate":
         calibrate(sys.argv[2])
+    elif cmd == "golden-texts":
+        golden_texts(sys.argv[2])
+    elif cmd == "golden":
+        golden(sys.argv[2], sys.argv[3])
     elif cmd == "info":
         info(sys.argv[2], sys.argv[3])
     elif cmd == "report":

@@ -5909,6 +5909,31 @@ mod tests {
         assert_eq!(sensitivity(&[]), "internal");
     }
 
+    /// The shipped model's scores as the training pipeline recorded them
+    /// (`models/injection.golden.jsonl`, written by `scripts/detector/build.sh` from the
+    /// kernel's own code): every logit reproduced bit for bit, so a change to the features,
+    /// the windows or the readings cannot silently detach the model from what it was
+    /// calibrated on.
+    #[test]
+    fn the_shipped_model_reproduces_its_golden_scores_bit_for_bit() {
+        let d = full();
+        let ctx = ScanContext {
+            source_trust: 0.2,
+            ..ScanContext::new("retrieved_document")
+        };
+        let golden = include_str!("../../models/injection.golden.jsonl");
+        let mut n = 0;
+        for line in golden.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line).expect("golden line");
+            let text = v["text"].as_str().expect("text");
+            let want = v["logit"].as_f64();
+            let got = d.model_reading(text, &ctx).map(|m| m.logit);
+            assert_eq!(got.map(f64::to_bits), want.map(f64::to_bits), "{text:?}");
+            n += 1;
+        }
+        assert!(n >= 20, "{n} golden lines");
+    }
+
     #[test]
     fn reason_code_table_is_complete() {
         let all: Vec<_> = reason_codes().collect();

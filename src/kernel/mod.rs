@@ -126,6 +126,34 @@ fn is_poisoning(kind: DetectorKind) -> bool {
     )
 }
 
+/// The weights of the findings `keep` selects, as risk combines them: each rule's finding as
+/// independent evidence, while the learned detector is a second opinion on the question the
+/// injection rules answer, so it adds only what goes beyond them (the larger of the two).
+fn weights<'a>(
+    findings: &'a [Finding],
+    keep: impl Fn(&Finding) -> bool + 'a,
+) -> impl Iterator<Item = f64> + 'a {
+    let rules_injection = combine(
+        findings
+            .iter()
+            .filter(|f| f.kind == DetectorKind::PromptInjection && !detectors::is_learned(f.reason_code))
+            .map(|f| f.weight),
+    );
+    findings.iter().filter(move |f| keep(f)).map(move |f| {
+        if detectors::is_learned(f.reason_code) {
+            // Counted as max(rules, model): what the rules already count is not added twice.
+            let joint = rules_injection.max(f.weight);
+            if rules_injection >= 1.0 {
+                0.0
+            } else {
+                1.0 - (1.0 - joint) / (1.0 - rules_injection)
+            }
+        } else {
+            f.weight
+        }
+    })
+}
+
 fn combine(ws: impl IntoIterator<Item = f64>) -> f64 {
     1.0 - ws
         .into_iter()
@@ -436,15 +464,9 @@ pub fn evaluate_with_digest(
     let trust_risk = 0.25 * (1.0 - trust.clamp(0.0, 1.0));
     let base = mutation_base_risk(s.proposed_mutation);
     let poisoning = round(combine(
-        findings
-            .iter()
-            .filter(|f| is_poisoning(f.kind))
-            .map(|f| f.weight)
-            .chain([base, trust_risk]),
+        weights(&findings, |f| is_poisoning(f.kind)).chain([base, trust_risk]),
     ));
-    let risk = round(combine(
-        findings.iter().map(|f| f.weight).chain([base, trust_risk]),
-    ));
+    let risk = round(combine(weights(&findings, |_| true).chain([base, trust_risk])));
     // Authority counts only as far as trust backs it; a bare claim in the text adds nothing.
     let authority = round(s.source_authority_level * (0.6 + 0.4 * trust.clamp(0.0, 1.0)));
     let evidence = round(1.0 - 0.5f64.powi(s.evidence_refs.len().min(30) as i32));

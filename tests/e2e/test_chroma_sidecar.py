@@ -175,7 +175,7 @@ def test_benign_records_are_stored(chroma_direct, chroma_gated, upstream_recorde
 @pytest.mark.parametrize("kind", sorted(POISONED))
 def test_poisoned_record_is_held_or_blocked_and_absent(kind, chroma_direct, chroma_gated, upstream_recorder):
     """From the unauthenticated (low-trust) default source: hidden instructions
-    in an HTML comment, or a policy-like claim."""
+    in an HTML comment, or an order to the AI that will read the record."""
     direct, gated = collections(chroma_direct, chroma_gated, f"poison-{kind.replace('_', '-')}")
     text = POISONED[kind]
     outcome, problem = write_outcome(
@@ -301,11 +301,11 @@ def test_get_through_gate_omits_quarantined_record(chroma_direct, chroma_gated):
     direct, gated = collections(chroma_direct, chroma_gated, "getq")
     ids, embs, docs, mds = benign_batch(2, seed=500)
     gated.add(ids=ids, embeddings=embs, documents=docs, metadatas=mds)
-    write_outcome(lambda: gated.add(ids=["p1"], embeddings=vectors(1, DIM, seed=8), documents=[POISONED["policy_claim"]]))
+    write_outcome(lambda: gated.add(ids=["p1"], embeddings=vectors(1, DIM, seed=8), documents=[POISONED["held_order"]]))
 
     by_id = gated.get(ids=["b0", "p1", "b1"], include=["documents"])
     assert sorted(by_id["ids"]) == ["b0", "b1"]
-    assert POISONED["policy_claim"] not in by_id["documents"]
+    assert POISONED["held_order"] not in by_id["documents"]
     everything = gated.get(include=["documents"])
     assert sorted(everything["ids"]) == ["b0", "b1"]
     q = gated.query(query_embeddings=vectors(1, DIM, seed=8), n_results=5, include=["documents"])
@@ -502,8 +502,8 @@ def test_delete_by_a_filter_that_names_poison_cleans_it_up(chroma_direct, chroma
     v = gate_api.get(f"/substrate/receipts/{receipt_id}").json()
     assert find_delete_filter(v) == {"where_document": where_document}
     # Through the client, by where too.
-    direct.add(ids=["bad2"], embeddings=vectors(1, DIM, seed=12), metadatas=[{"note": POISONED["policy_claim"]}])
-    outcome, problem = write_outcome(lambda: gated.delete(where={"note": POISONED["policy_claim"]}))
+    direct.add(ids=["bad2"], embeddings=vectors(1, DIM, seed=12), metadatas=[{"note": POISONED["held_order"]}])
+    outcome, problem = write_outcome(lambda: gated.delete(where={"note": POISONED["held_order"]}))
     assert outcome == "passed", problem
     assert set(stored(direct)) == {"good"}
 
