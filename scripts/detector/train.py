@@ -27,6 +27,10 @@ POSITIVE_SHARE = 0.5
 LOOKALIKE_WEIGHT = 10.0
 HARD_NEGATIVE_QUANTILE = 0.995
 HARD_NEGATIVE_WEIGHT = 4.0
+# A hard negative's weight after the boost is at most this: a look-alike that is already
+# weighted up is not multiplied again, or quoted attack strings in security writing would teach
+# the model that the attack string itself is benign.
+HARD_NEGATIVE_CAP = LOOKALIKE_WEIGHT
 
 
 def load(workdir):
@@ -96,7 +100,7 @@ def main():
     neg = y == 0
     cut = np.quantile(margin[neg], HARD_NEGATIVE_QUANTILE)
     hard = neg & (margin >= cut)
-    w[hard] *= HARD_NEGATIVE_WEIGHT
+    w[hard] = np.minimum(w[hard] * HARD_NEGATIVE_WEIGHT, np.maximum(w[hard], HARD_NEGATIVE_CAP))
     model = fit(X, y, w)
     coef = model.coef_.ravel()
     scale_a, shift_b = a.calibration
