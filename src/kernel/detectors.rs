@@ -11,8 +11,8 @@
 //!
 //! [`Detectors::compile`] builds every automaton once per policy version; [`Detectors::scan`] runs
 //! on the hot path. A scan makes one Aho-Corasick pass over the text for anchor literals and runs
-//! only the regexes whose anchors occurred, so ordinary prose touches few or no regexes and
-//! allocates nothing when nothing fires. Text is normalized only when it holds non-ASCII beyond
+//! only the regexes whose anchors occurred, so ordinary prose touches few or no regexes; the
+//! learned detector then scores each reading once (one pass over its characters per segment). Text is normalized only when it holds non-ASCII beyond
 //! plain typography (curly quotes, dashes): invisible characters are stripped (Unicode tag
 //! characters decoded), each character is replaced by its compatibility decomposition (NFKD) with
 //! combining marks dropped, and Cyrillic / Greek look-alikes inside Latin words are mapped to
