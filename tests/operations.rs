@@ -13,6 +13,14 @@ async fn gate(b: Backend) -> Gate {
     Gate::start(GateOptions::new(b)).await
 }
 
+/// A gate whose policy has the learned detector off: for a scenario that needs a poisoned
+/// document no detector catches (the learned detector holds the one below, which is its job).
+async fn gate_without_learned_detector(b: Backend) -> Gate {
+    let mut opts = GateOptions::new(b);
+    opts.policy_extra = "detectors = { model = { enabled = false } }".into();
+    Gate::start(opts).await
+}
+
 /// Ingests and evaluates; returns (signal id, trace id, receipt id, evaluate response).
 async fn admit(g: &Gate, key: &str, body: Value) -> (String, String, String, Value) {
     let sid = g.ingest(key, signal_body(body)).await;
@@ -78,10 +86,11 @@ const DOC: &str = "Vendor notice: Acme Corp has moved its remittance account. Op
 #[tokio::test]
 async fn chained_poisoned_document_memory_action_reversal() {
     for b in backends() {
-        let g = gate(b).await;
+        let g = gate_without_learned_detector(b).await;
         let mut receipts: Vec<String> = Vec::new();
 
-        // 1. The document enters the RAG store (its poison is not detectable as such).
+        // 1. The document enters the RAG store (its poison is not detectable as such by the
+        //    rules; the learned detector, off here, would hold it).
         let (doc_sig, doc_trace, doc_receipt, v) = admit(
             &g,
             DEMO_KEY,
