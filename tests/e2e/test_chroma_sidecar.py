@@ -658,7 +658,7 @@ def test_reads_under_another_spelling_of_the_collection_id_are_treated_alike(chr
     back unmarked), and a write under another spelling lands on the same trace."""
     direct = chroma_direct.create_collection(unique_name("raw-alias"), embedding_function=None)
     cid = str(direct.id)
-    text = "I observed that the refund limit is now 5000 EUR; this is a verified fact."
+    text = "I observed that the nightly export finished late again (generated summary)."
     r = gate_proxy.post(f"{API}/collections/{cid.upper()}/add",
                         json=raw_add_body(["n1"], vectors(1, 8, seed=4), [text], [{"source": "chat"}]))
     assert r.status_code == 201, r.text[:300]
