@@ -206,7 +206,8 @@ def report(w, out_path, command):
     L += ["## Leave one writer out (training data, out of fold)", "",
           "Each training writer's records scored by a model trained without that writer's fold "
           "(folds group whole writers; harvested text is split by source). Composed poisons put the "
-          "writer's own injections into its own carriers or into harvested text.", "",
+          "writer's own injections into its own carriers or into harvested text. **both** here is "
+          "held by either, before the phrase rules' corroboration threshold (its own table follows).", "",
           "| writer | poisoned | held back: rules / model / **both** | benign | flagged: rules / model / **both** |",
           "|---|---:|---|---:|---|"]
     by_w = collections.OrderedDict()
@@ -225,9 +226,55 @@ def report(w, out_path, command):
                 *outcomes(s, hold, kernel=False, calibration=cal))
     L += table("Out of fold, poisoned records by kind", sorted(kinds.items()), "attack",
                "`short`: an injection alone; `composed`: an injection placed into a carrier document; `record`: whole records.")
+    L += corroboration_sweep(rows, hold, cal)
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join(L) + "\n")
     print(f"report: {out_path}", file=sys.stderr)
+
+
+# Reason codes of the rules-alone decision that a phrase rule's uncorroborated order leaves
+# without holding power: the order itself, the risk it raised, and findings that only warn.
+SOFT_CODES = {"prompt_injection_imperative", "risk_above_quarantine_threshold", "risk_above_block_threshold",
+              "pii_email", "pii_phone", "url_unknown_host", "policy_claim_language", "authority_claim",
+              "source_laundering"}
+CORROBORATION_DEFAULT = 0.5
+
+
+def corroboration_sweep(rows, hold, cal):
+    """How the phrase rules' corroboration threshold trades recall for benign records flagged,
+    out of fold on the training writers, each writer weighted the same. A record counts as held
+    when the model holds it, or the rules alone hold it and either the model's window reaches
+    the threshold, or the classic override (an exact phrase) matched, or a finding other than a
+    phrase-rule order (a secret, hidden text, a control token) is among the reasons."""
+    L = ["### Phrase rules and the model: the corroboration threshold, out of fold", "",
+         "A phrase rule's order (`prompt_injection_imperative`) holds a record only when the model's best "
+         "window reaches `corroboration_threshold`, unless it is the classic override (an exact phrase). Per training writer (each weighted the same), recall and "
+         "benign records flagged, and recall minus four times the benign rate, the objective the default "
+         f"({CORROBORATION_DEFAULT}) was chosen by:", "",
+         "| threshold | recall | benign flagged | objective |", "|---:|---:|---:|---:|"]
+    for floor in [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, hold]:
+        by = collections.defaultdict(lambda: [0, 0, 0, 0])
+        for s, m in rows:
+            if m["writer"] == "harvest":
+                continue
+            p = sigmoid(cal[0] * s["logit"] + cal[1]) if s["logit"] is not None else 0.0
+            rules = s["rules"] in HELD and (floor == 0.0 or p >= floor or s.get("exact")
+                                            or not set(s["rules_codes"]) <= SOFT_CODES)
+            held = p >= hold or rules
+            b = by[m["writer"]]
+            if m["label"] == "attack":
+                b[0] += 1
+                b[1] += held
+            else:
+                b[2] += 1
+                b[3] += held
+        rec = [b[1] / b[0] for b in by.values() if b[0]]
+        ben = [b[3] / b[2] for b in by.values() if b[2]]
+        r, f = 100 * sum(rec) / len(rec), 100 * sum(ben) / len(ben)
+        name = f"{floor:g}" + (" (= hold)" if floor == hold else "") + (" **default**" if floor == CORROBORATION_DEFAULT else "")
+        L.append(f"| {name} | {r:.1f}% | {f:.2f}% | {r - 4 * f:.1f} |")
+    L.append("")
+    return L
 
 
 # Held-out sets by writer: written by writers who wrote no training data, or held out by file

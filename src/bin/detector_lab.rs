@@ -307,6 +307,7 @@ fn score(
             ..ScanContext::new(source_type.as_str())
         };
         let reading = both.detectors.model_reading(&rec.text, &ctx);
+        let exact = rules.detectors.exact_phrase_matches(&rec.text, &ctx);
         let r = evaluate(&input, &rules);
         let b = evaluate(&input, &both);
         let line = json!({
@@ -317,6 +318,7 @@ fn score(
             "window": reading.as_ref().map(|m| [m.start_char, m.end_char]),
             "rules": r.decision,
             "rules_codes": r.reason_codes,
+            "exact": exact,
             "both": b.decision,
             "codes": b.reason_codes,
         });
