@@ -244,11 +244,11 @@ def corroboration_sweep(rows, hold, cal):
     """How the phrase rules' corroboration threshold trades recall for benign records flagged,
     out of fold on the training writers, each writer weighted the same. A record counts as held
     when the model holds it, or the rules alone hold it and either the model's window reaches
-    the threshold, or the classic override (an exact phrase) matched, or a finding other than a
+    the threshold, or an exact rule (the classic override, a planted tool call or command) matched, or a finding other than a
     phrase-rule order (a secret, hidden text, a control token) is among the reasons."""
     L = ["### Phrase rules and the model: the corroboration threshold, out of fold", "",
          "A phrase rule's order (`prompt_injection_imperative`) holds a record only when the model's best "
-         "window reaches `corroboration_threshold`, unless it is the classic override (an exact phrase). Per training writer (each weighted the same), recall and "
+         "window reaches `corroboration_threshold`, unless the rule is exact (the classic override, a planted tool call or command). Per training writer (each weighted the same), recall and "
          "benign records flagged, and recall minus four times the benign rate, the objective the default "
          f"({CORROBORATION_DEFAULT}) was chosen by:", "",
          "| threshold | recall | benign flagged | objective |", "|---:|---:|---:|---:|"]
