@@ -616,7 +616,10 @@ async fn a_write_held_by_the_learned_detector_replays_matched() {
             .cloned()
             .expect("the model's finding");
         assert!(
-            finding["detail"].as_str().unwrap_or("").contains("GreenEdge"),
+            finding["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("GreenEdge"),
             "{finding}"
         );
         let rid = e["receipt"]["id"].as_str().expect("receipt id");

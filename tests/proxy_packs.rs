@@ -103,10 +103,7 @@ fn never_saw_poison(up: &Upstream) {
         !up.saw_text("ignore all previous"),
         "a blocked record reached the store"
     );
-    assert!(
-        !up.saw_text("GreenEdge"),
-        "a held record reached the store"
-    );
+    assert!(!up.saw_text("GreenEdge"), "a held record reached the store");
 }
 
 fn framed(s: &Seen) {

@@ -28,7 +28,10 @@ use substrate_gate::kernel::{evaluate, KernelInput, NormalizedSignal, StateBasis
 use uuid::Uuid;
 
 #[derive(Parser)]
-#[command(name = "detector-lab", about = "Featurize and score corpora for the learned injection detector")]
+#[command(
+    name = "detector-lab",
+    about = "Featurize and score corpora for the learned injection detector"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -121,7 +124,16 @@ fn main() -> ExitCode {
             source_type,
             trust,
             substrate,
-        } => score(&input, &out, model.as_deref(), hold, warn, &source_type, trust, &substrate),
+        } => score(
+            &input,
+            &out,
+            model.as_deref(),
+            hold,
+            warn,
+            &source_type,
+            trust,
+            &substrate,
+        ),
         Command::Rules { input, out } => rules(&input, &out),
     };
     match r {
@@ -190,7 +202,8 @@ fn featurize(input: &Path, out: &Path, spec: FeatureSpec, keep_clean: usize) -> 
     indptr.write_all(&nnz.to_le_bytes()).map_err(io)?;
     let (mut docs, mut windows) = (0u64, 0u64);
     for (lineno, line) in lines(input)? {
-        let doc: Doc = serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", lineno + 1))?;
+        let doc: Doc =
+            serde_json::from_str(&line).map_err(|e| format!("line {}: {e}", lineno + 1))?;
         let (text, spans) = doc.reading();
         let mut all: Vec<(u8, bool, u32, Vec<(u32, i32)>)> = Vec::new();
         learned::for_each_window(spec, &text, |w| {
@@ -225,7 +238,8 @@ fn featurize(input: &Path, out: &Path, spec: FeatureSpec, keep_clean: usize) -> 
             indptr.write_all(&nnz.to_le_bytes()).map_err(io)?;
             let doc_id = u32::try_from(lineno).map_err(|_| "too many documents")?;
             rows.write_all(&doc_id.to_le_bytes()).map_err(io)?;
-            rows.write_all(&[*label, u8::from(*pair), 0, 0]).map_err(io)?;
+            rows.write_all(&[*label, u8::from(*pair), 0, 0])
+                .map_err(io)?;
             windows += 1;
         }
         docs += 1;
@@ -276,7 +290,9 @@ fn score(
     let model = match model_path {
         Some(p) => {
             let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            Some(Arc::new(Model::from_bytes(&bytes).map_err(|e| e.to_string())?))
+            Some(Arc::new(
+                Model::from_bytes(&bytes).map_err(|e| e.to_string())?,
+            ))
         }
         None => Model::builtin(),
     };

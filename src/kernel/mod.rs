@@ -136,7 +136,9 @@ fn weights<'a>(
     let rules_injection = combine(
         findings
             .iter()
-            .filter(|f| f.kind == DetectorKind::PromptInjection && !detectors::is_learned(f.reason_code))
+            .filter(|f| {
+                f.kind == DetectorKind::PromptInjection && !detectors::is_learned(f.reason_code)
+            })
             .map(|f| f.weight),
     );
     findings.iter().filter(move |f| keep(f)).map(move |f| {
@@ -453,7 +455,12 @@ pub fn evaluate_with_digest(
     let claim_discount = 1.0 - s.source_authority_level.clamp(0.0, 1.0);
     for f in findings.iter_mut() {
         let learned = detectors::is_learned(f.reason_code);
-        if learned || matches!(f.kind, DetectorKind::PolicyClaim | DetectorKind::AuthorityClaim) {
+        if learned
+            || matches!(
+                f.kind,
+                DetectorKind::PolicyClaim | DetectorKind::AuthorityClaim
+            )
+        {
             f.weight *= claim_discount;
         }
         if learned && s.target_substrate == TargetSubstrate::PolicyCorpus {
@@ -466,7 +473,9 @@ pub fn evaluate_with_digest(
     let poisoning = round(combine(
         weights(&findings, |f| is_poisoning(f.kind)).chain([base, trust_risk]),
     ));
-    let risk = round(combine(weights(&findings, |_| true).chain([base, trust_risk])));
+    let risk = round(combine(
+        weights(&findings, |_| true).chain([base, trust_risk]),
+    ));
     // Authority counts only as far as trust backs it; a bare claim in the text adds nothing.
     let authority = round(s.source_authority_level * (0.6 + 0.4 * trust.clamp(0.0, 1.0)));
     let evidence = round(1.0 - 0.5f64.powi(s.evidence_refs.len().min(30) as i32));

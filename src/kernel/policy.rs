@@ -5,12 +5,12 @@
 
 use super::detectors::Detectors;
 use super::learned::Model;
-use std::sync::Arc;
 use super::types::{
     AllowedInfluence, EvaluationMode, EvaluationProfile, ProposedMutation, TargetSubstrate,
 };
 use crate::config::PolicyConfig;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 use uuid::Uuid;
 
 /// Namespace of coefficient-version and kernel-derived ids (UUIDv5).
