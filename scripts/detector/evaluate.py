@@ -170,17 +170,22 @@ def report(w, out_path, command):
           "| set | writer | attacks | held back: rules / model / **both** | benign | held: rules / model / **both** | benign admitted with a warning or as untrusted (both) |",
           "|---|---|---:|---|---:|---|---:|"]
     tot = {"attack": Tally(), "benign": Tally()}
+    fresh = {"attack": Tally(), "benign": Tally()}
     for k, v in sets.items():
         a, b = v["attack"], v["benign"]
         L.append(f"| {k} | {roles.get(k, '')} | {a.n} | {pct(a.rules, a.n)} / {pct(a.model, a.n)} / **{pct(a.both, a.n)}** | "
                  f"{b.n} | {pct(b.rules, b.n)} / {pct(b.model, b.n)} / **{pct(b.both, b.n)}** | {pct(b.warned, b.n)} |")
-        if k in info.get("new_writers", []):
-            for lab in ("attack", "benign"):
-                t = v[lab]
-                tot[lab].n += t.n; tot[lab].rules += t.rules; tot[lab].model += t.model; tot[lab].both += t.both; tot[lab].warned += t.warned
-    a, b = tot["attack"], tot["benign"]
-    L.append(f"| **writers not in training, together** | | {a.n} | {pct(a.rules, a.n)} / {pct(a.model, a.n)} / **{pct(a.both, a.n)}** | "
-             f"{b.n} | {pct(b.rules, b.n)} / {pct(b.model, b.n)} / **{pct(b.both, b.n)}** | {pct(b.warned, b.n)} |")
+        for total, writers in ((tot, info.get("new_writers", [])), (fresh, info.get("fresh_writers", []))):
+            if k in writers:
+                for lab in ("attack", "benign"):
+                    t, into = v[lab], total[lab]
+                    into.n += t.n; into.rules += t.rules; into.model += t.model; into.both += t.both; into.warned += t.warned
+    for title, total in (("writers not in training, together", tot),
+                         ("of them, sets no setting was ever chosen with (" + ", ".join(info.get("fresh_writers", [])) + ")", fresh)):
+        a, b = total["attack"], total["benign"]
+        if a.n + b.n:
+            L.append(f"| **{title}** | | {a.n} | {pct(a.rules, a.n)} / {pct(a.model, a.n)} / **{pct(a.both, a.n)}** | "
+                     f"{b.n} | {pct(b.rules, b.n)} / {pct(b.model, b.n)} / **{pct(b.both, b.n)}** | {pct(b.warned, b.n)} |")
     L.append("")
 
     new = [(s, m) for s, m in zip(held_s, held_m) if m["writer"] in info.get("new_writers", [])]
@@ -237,7 +242,7 @@ def report(w, out_path, command):
 SOFT_CODES = {"prompt_injection_imperative", "risk_above_quarantine_threshold", "risk_above_block_threshold",
               "pii_email", "pii_phone", "url_unknown_host", "policy_claim_language", "authority_claim",
               "source_laundering"}
-CORROBORATION_DEFAULT = 0.5
+CORROBORATION_DEFAULT = 0.4
 
 
 def corroboration_sweep(rows, hold, cal):
@@ -279,9 +284,13 @@ def corroboration_sweep(rows, hold, cal):
 
 # Held-out sets by writer: written by writers who wrote no training data, or held out by file
 # from a writer who also wrote training records.
-NEW_WRITERS = ["w06", "w07", "w08", "w12"]
+NEW_WRITERS = ["w06", "w07", "w08", "w12", "w43", "w44"]
+# Of those, the sets that were never measured while a setting (threshold, exact rules) was
+# being chosen: the most honest figure. Sets move out of this list once a choice looks at them.
+FRESH_WRITERS = ["w43", "w44"]
 HELDOUT_ROLES = {
     "w06": "not in training", "w07": "not in training", "w08": "not in training", "w12": "not in training",
+    "w43": "not in training", "w44": "not in training",
     "w09": "held out by file (writer in training)", "w11": "held out by file (writer in training)",
     "harvest": "sources not in training",
 }
@@ -300,6 +309,7 @@ def info(w, model_path):
         "train_benign": sum(m["label"] == "benign" for m in meta),
         "train_windows": windows,
         "new_writers": NEW_WRITERS,
+        "fresh_writers": FRESH_WRITERS,
         "heldout_roles": HELDOUT_ROLES,
     }
     json.dump(out, open(os.path.join(w, "info.json"), "w"), indent=1)
