@@ -4628,6 +4628,7 @@ fn decoded_escapes(s: &str) -> Option<String> {
 /// Whether `b` holds a run of at least `min` hex digits (`min` >= 2). Such a run covers a
 /// multiple of `min / 2`, so only those bytes are looked at first.
 fn has_hex_run(b: &[u8], min: usize) -> bool {
+    debug_assert!(min >= 2);
     let step = min / 2;
     let mut j = step - 1;
     while j < b.len() {
@@ -4854,6 +4855,7 @@ fn joined_letters(token: &str) -> std::borrow::Cow<'_, str> {
     token.into()
 }
 
+/// Whether `b` is one of [`leet_letter`]'s characters (a byte test for the scans).
 fn leet_letter_byte(b: u8) -> bool {
     matches!(b, b'0' | b'1' | b'3' | b'4' | b'5' | b'7' | b'@' | b'$')
 }
@@ -5441,6 +5443,9 @@ mod tests {
             "14th", "4B", "100ml", "IPv4", "mp3", "3rd", "B2B", "2024", "v1",
         ] {
             assert!(!leet_word(word.as_bytes()), "{word}");
+        }
+        for b in 0..=u8::MAX {
+            assert_eq!(leet_letter_byte(b), leet_letter(char::from(b)).is_some());
         }
         let plain = "Send the 4B report to ops@example.com by the 14th; it cut costs by a fifth.";
         assert_eq!(undisguised(plain), None);
