@@ -284,13 +284,14 @@ def corroboration_sweep(rows, hold, cal):
 
 # Held-out sets by writer: written by writers who wrote no training data, or held out by file
 # from a writer who also wrote training records.
-NEW_WRITERS = ["w06", "w07", "w08", "w12", "w43", "w44", "w45", "w46"]
+NEW_WRITERS = ["w06", "w07", "w08", "w12", "w43", "w44", "w45", "w46", "w53", "w54"]
 # Of those, the sets that were never measured while a setting (threshold, exact rules) was
 # being chosen: the most honest figure. Sets move out of this list once a choice looks at them.
-FRESH_WRITERS = ["w43", "w44", "w45", "w46"]
+FRESH_WRITERS = ["w43", "w44", "w45", "w46", "w53", "w54"]
 HELDOUT_ROLES = {
     "w06": "not in training", "w07": "not in training", "w08": "not in training", "w12": "not in training",
     "w43": "not in training", "w44": "not in training", "w45": "not in training", "w46": "not in training",
+    "w53": "not in training", "w54": "not in training",
     "w09": "held out by file (writer in training)", "w11": "held out by file (writer in training)",
     "harvest": "sources not in training",
 }
