@@ -980,6 +980,51 @@ async fn upstream_failures_and_oversized_bodies_are_problems() {
     }
 }
 
+/// A batch over the record cap (`limits.proxy_max_records`, or the pack's lower
+/// `max_records`) is refused before any record is judged: nothing is forwarded, journaled or
+/// receipted, and the problem names the cap. A batch at the cap goes through.
+#[tokio::test]
+async fn batches_over_the_record_cap_are_refused_unjudged() {
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |o| o.limits = "proxy_max_records = 3".into()).await;
+        let batch = |n: usize| {
+            let memories: Vec<Value> = (0..n)
+                .map(|i| json!({"id": format!("b{i}"), "text": BENIGN}))
+                .collect();
+            json!({ "memories": memories })
+        };
+        let r = send(&g, "POST", "/memories/batch", Some(batch(4))).await;
+        let status = r.status().as_u16();
+        let p: Value = r.json().await.unwrap();
+        assert_problem(status, &p, 413, "payload_too_large");
+        assert_eq!(p["records"], 4, "{p}");
+        assert_eq!(p["max_records"], 3, "{p}");
+        assert!(p["detail"].as_str().unwrap().contains("at most 3"), "{p}");
+        assert!(up.requests("POST", "/memories/batch").is_empty(), "{b:?}");
+        for table in ["proxy_dispatches", "receipts", "signals"] {
+            assert_eq!(
+                g.count(&format!("SELECT COUNT(*) FROM {table}")).await,
+                0,
+                "{table} on {b:?}"
+            );
+        }
+        // A batch at the cap is judged and forwarded.
+        let r = send(&g, "POST", "/memories/batch", Some(batch(3))).await;
+        assert_eq!(r.status(), 200, "{b:?}");
+        assert_eq!(up.requests("POST", "/memories/batch").len(), 1);
+        assert_eq!(
+            wait_count(
+                &g,
+                "SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed'",
+                3
+            )
+            .await,
+            3
+        );
+    }
+}
+
 #[tokio::test]
 async fn shadow_records_and_forwards_untouched_advisory_annotates() {
     for b in backends() {

@@ -350,6 +350,9 @@ pub fn validate(c: &Config, problems: &mut Vec<ConfigProblem>) {
             "must be 1 KiB to 256 MiB",
         ));
     }
+    if c.limits.proxy_max_records < 1 || c.limits.proxy_max_records > 1_000_000 {
+        problems.push(problem("limits.proxy_max_records", "must be 1 to 1000000"));
+    }
     if c.limits.proxy_response_bytes < 1024 || c.limits.proxy_response_bytes > 1024 * 1024 * 1024 {
         problems.push(problem(
             "limits.proxy_response_bytes",

@@ -149,6 +149,10 @@ pub struct Limits {
     /// Largest mutating request body the proxy reads whole (413 above).
     #[serde(default = "default_proxy_body")]
     pub proxy_body_bytes: usize,
+    /// Most records one proxied write or delete may carry (413 above, before any record is
+    /// judged); a pack's or route's `max_records` (the store's own batch limit) may be lower.
+    #[serde(default = "default_proxy_max_records")]
+    pub proxy_max_records: usize,
     /// Largest read answer the proxy buffers for retrieval treatment (502 above: an answer
     /// that cannot be treated is not passed on untreated).
     #[serde(default = "default_proxy_response")]
@@ -172,6 +176,7 @@ impl Default for Limits {
         Limits {
             api_body_bytes: default_api_body(),
             proxy_body_bytes: default_proxy_body(),
+            proxy_max_records: default_proxy_max_records(),
             proxy_response_bytes: default_proxy_response(),
             json_max_depth: default_json_depth(),
             body_timeout_ms: default_body_timeout(),
@@ -449,6 +454,10 @@ fn default_api_body() -> usize {
 }
 fn default_proxy_body() -> usize {
     8 * 1024 * 1024
+}
+/// Chroma's largest batch (`max_batch_size` on a default server), the largest of the packs'.
+fn default_proxy_max_records() -> usize {
+    5461
 }
 fn default_proxy_response() -> usize {
     64 * 1024 * 1024

@@ -54,6 +54,7 @@ const PACK_FIELDS: &[&str] = &[
     "uuid_ids",
     "uuid_collections",
     "capitalized_collections",
+    "max_records",
 ];
 const SHAPE_FIELDS: &[&str] = &[
     "layout", "records", "id", "id_alias", "text", "metadata", "parallel", "exclude", "scan",
@@ -79,6 +80,7 @@ const ROUTE_ONLY_FIELDS: &[&str] = &[
     "readback",
     "readback_body",
     "readback_query",
+    "max_records",
     "variant",
 ];
 const VARIANT_ONLY_FIELDS: &[&str] = &["when"];
@@ -183,6 +185,30 @@ impl<'t> Ctx<'t> {
                     &n.span,
                     join(path, key),
                     format!("expected true or false, found {}", k.describe()),
+                );
+                None
+            }
+        }
+    }
+
+    /// A count of at least 1 (`max_records`).
+    fn opt_count(&mut self, t: &[(String, Node)], path: &str, key: &str) -> Option<usize> {
+        let n = get(t, key)?;
+        match &n.kind {
+            Kind::Int(v) if *v >= 1 => usize::try_from(*v).ok(),
+            Kind::Int(v) => {
+                self.err(
+                    &n.span,
+                    join(path, key),
+                    format!("must be at least 1, found {v}"),
+                );
+                None
+            }
+            k => {
+                self.err(
+                    &n.span,
+                    join(path, key),
+                    format!("expected an integer, found {}", k.describe()),
                 );
                 None
             }
@@ -371,6 +397,7 @@ struct PackDefaults {
     uuid_ids: bool,
     uuid_collections: bool,
     capitalized_collections: bool,
+    max_records: Option<usize>,
 }
 
 /// What is known of a route for the pack-wide checks, even when the route itself failed.
@@ -498,6 +525,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
     let capitalized_collections = ctx
         .opt_bool(t, "pack", "capitalized_collections")
         .unwrap_or(false);
+    let max_records = ctx.opt_count(t, "pack", "max_records");
     if ctx.errors.len() != before {
         return None;
     }
@@ -509,6 +537,7 @@ fn compile_header(ctx: &mut Ctx, node: &Node) -> Option<PackDefaults> {
         uuid_ids,
         uuid_collections,
         capitalized_collections,
+        max_records,
     })
 }
 
@@ -665,6 +694,9 @@ fn compile_route(
         }
     }
     let annotate = ctx.opt_bool(t, &path, "annotate").unwrap_or(false);
+    let max_records = ctx
+        .opt_count(t, &path, "max_records")
+        .or(defaults.and_then(|d| d.max_records));
     let annotation = annotation_style(ctx, t, &path)
         .or(defaults.map(|d| d.annotation))
         .unwrap_or(AnnotationStyle::Nested);
@@ -856,6 +888,7 @@ fn compile_route(
         uuid_ids: defaults.is_some_and(|d| d.uuid_ids),
         uuid_collections: defaults.is_some_and(|d| d.uuid_collections),
         capitalized_collections: defaults.is_some_and(|d| d.capitalized_collections),
+        max_records,
         collection,
         id_param,
         conditions: conditions.unwrap_or_default(),
@@ -1180,6 +1213,32 @@ id = "/ids"
         assert!(!r.fail_open && !r.annotate);
         assert_eq!(r.line, 6);
         assert_eq!(r.annotation_key, "_integrity");
+    }
+
+    #[test]
+    fn max_records_from_the_route_else_the_pack() {
+        let p = compile_pack("filters/t.toml", MINIMAL).unwrap();
+        assert_eq!(p.routes[0].max_records, None);
+        let text = minimal_with(
+            "substrate = \"rag_store\"",
+            "substrate = \"rag_store\"\nmax_records = 100",
+        );
+        let p = compile_pack("filters/t.toml", &text).unwrap();
+        assert_eq!(p.routes[0].max_records, Some(100));
+        let text = format!("{text}max_records = 7\n");
+        let p = compile_pack("filters/t.toml", &text).unwrap();
+        assert_eq!(p.routes[0].max_records, Some(7));
+        for (bad, message) in [
+            ("0", "must be at least 1, found 0"),
+            ("-5", "must be at least 1, found -5"),
+            ("\"many\"", "expected an integer, found a string"),
+            ("1.5", "expected an integer, found a float"),
+        ] {
+            let errs = errors(&format!("{MINIMAL}max_records = {bad}\n"));
+            let e = only(&errs);
+            assert_eq!(e.path, "route[0].max_records", "{bad}");
+            assert_eq!(e.message, message, "{bad}");
+        }
     }
 
     #[test]

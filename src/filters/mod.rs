@@ -202,6 +202,10 @@ pub struct CompiledRoute {
     /// collection name (Weaviate class names: `article` is class `Article`), so the gate keys
     /// traces by the capitalized name.
     pub capitalized_collections: bool,
+    /// The most records one request of this route may carry (the route's `max_records`, else
+    /// the pack's): the store's own batch limit. The gate's `limits.proxy_max_records` caps
+    /// every route as well; a request over the lower of the two is refused (413) unjudged.
+    pub max_records: Option<usize>,
     pub collection: Option<CollectionRef>,
     /// A body member naming the nested path (dot-separated) under which the store writes the
     /// metadata (Qdrant's set-payload `key`). A path into the gate's annotation namespace is

@@ -107,6 +107,23 @@ fn every_shipped_pack_compiles_and_they_share_a_table() {
     assert_eq!(route(&t, "generic", "create").substrate, "agent_memory");
 }
 
+/// The shipped packs cap records per request at the store's own batch limit.
+#[test]
+fn shipped_packs_cap_records_at_the_stores_batch_limit() {
+    let t = table();
+    for name in ["add", "upsert", "update", "delete"] {
+        assert_eq!(route(&t, "chroma", name).max_records, Some(5461), "{name}");
+    }
+    assert_eq!(
+        route(&t, "pinecone", "upsert_vectors").max_records,
+        Some(1000)
+    );
+    let body = serde_json::json!({"ids": ["a", "b", "c"], "documents": ["x", "y", "z"]});
+    assert_eq!(route(&t, "chroma", "add").record_count(&body), Ok(3));
+    let body = serde_json::json!({"where": {"k": 1}});
+    assert_eq!(route(&t, "chroma", "delete").record_count(&body), Ok(1));
+}
+
 #[test]
 fn shipped_routes_match_real_paths() {
     let t = table();

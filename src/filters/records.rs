@@ -191,6 +191,15 @@ impl CompiledRoute {
         }
     }
 
+    /// How many records [`CompiledRoute::extract_records`] would find in `body`, found without
+    /// building them: a request over the record cap is refused before any record is made.
+    pub fn record_count(&self, body: &Value) -> Result<usize, ExtractError> {
+        Ok(match self.locate(body)? {
+            Located::Whole | Located::Single(_) => 1,
+            Located::Columnar(_, n) | Located::Rows(_, n) => n,
+        })
+    }
+
     /// The records of a write or delete body, in request order. See [`Record`].
     pub fn extract_records(&self, body: &Value) -> Result<Vec<Record>, ExtractError> {
         match self.locate(body)? {

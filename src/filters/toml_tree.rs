@@ -15,8 +15,7 @@ pub struct Node {
 #[derive(Debug)]
 pub enum Kind {
     Str(String),
-    // No pack field takes a number: only the type is kept, for messages.
-    Int,
+    Int(i64),
     Float,
     Bool(bool),
     Array(Vec<Node>),
@@ -27,7 +26,7 @@ impl Kind {
     pub fn describe(&self) -> &'static str {
         match self {
             Kind::Str(_) => "a string",
-            Kind::Int => "an integer",
+            Kind::Int(_) => "an integer",
             Kind::Float => "a float",
             Kind::Bool(_) => "a boolean",
             Kind::Array(_) => "an array",
@@ -67,12 +66,12 @@ impl<'de> Visitor<'de> for KindVisitor {
     fn visit_string<E: de::Error>(self, v: String) -> Result<Kind, E> {
         Ok(Kind::Str(v))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Kind, E> {
-        Ok(Kind::Int)
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Kind, E> {
+        Ok(Kind::Int(v))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Kind, E> {
         i64::try_from(v)
-            .map(|_| Kind::Int)
+            .map(Kind::Int)
             .map_err(|_| E::custom("integer out of range"))
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Kind, E> {
@@ -139,7 +138,7 @@ mod tests {
         let Kind::Array(list) = &r0[1].1.kind else {
             panic!()
         };
-        assert!(matches!(list[1].kind, Kind::Int));
+        assert!(matches!(list[1].kind, Kind::Int(_)));
     }
 
     #[test]

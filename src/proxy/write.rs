@@ -156,9 +156,29 @@ pub async fn handle(
         write_problem(session, 400, "invalid_body", &detail, Value::Null, &[]).await?;
         return Ok(true);
     }
-    let parsed = route
-        .parse_body(&body)
-        .and_then(|v| m.extract_records(&v).map(|r| (v, r)));
+    // The record cap, before any record is built or judged: one request may not hold the
+    // gate's memory and every other writer's turn with more records than the store takes.
+    let cap = route.max_records.map_or(cfg.limits.proxy_max_records, |r| {
+        r.min(cfg.limits.proxy_max_records)
+    });
+    let parsed = route.parse_body(&body).and_then(|v| {
+        let n = route.record_count(&v)?;
+        Ok((v, n))
+    });
+    let value = match parsed {
+        Ok((_, n)) if n > cap => {
+            let detail = format!(
+                "the request carries {n} records; this route takes at most {cap} per request \
+                 (split the batch); nothing was sent to the store"
+            );
+            let extra = serde_json::json!({ "records": n, "max_records": cap });
+            write_problem(session, 413, "payload_too_large", &detail, extra, &[]).await?;
+            return Ok(true);
+        }
+        Ok((v, _)) => Ok(v),
+        Err(e) => Err(e),
+    };
+    let parsed = value.and_then(|v| m.extract_records(&v).map(|r| (v, r)));
     let (mut value, records) = match parsed {
         Ok(x) => x,
         Err(e) => {

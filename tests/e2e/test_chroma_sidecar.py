@@ -410,6 +410,22 @@ def test_oversized_write_is_413_and_never_forwarded(chroma_direct, gate_proxy, u
     assert direct.count() == 0
 
 
+def test_a_batch_over_chromas_own_limit_is_413_unjudged(chroma_direct, gate_proxy, upstream_recorder):
+    # Chroma takes at most 5,461 records per request; the pack caps the route there, so one
+    # request cannot make the gate judge more than the store would take.
+    direct = chroma_direct.create_collection(unique_name("raw-cap"), embedding_function=None)
+    n = 5462
+    body = raw_add_body([f"c{i}" for i in range(n)], [[0.1, 0.2, 0.3]] * n, ["x"] * n, None)
+    r = gate_proxy.post(f"{API}/collections/{direct.id}/add", json=body)
+    assert r.status_code == 413
+    assert r.headers["content-type"].startswith("application/problem+json")
+    problem = r.json()
+    assert problem["code"] == "payload_too_large"
+    assert (problem["records"], problem["max_records"]) == (n, 5461)
+    assert upstream_recorder.requests(f"/collections/{direct.id}/add") == []
+    assert direct.count() == 0
+
+
 def test_chunked_write_is_forwarded_whole_with_content_length(chroma_direct, gate_proxy, upstream_recorder):
     direct = chroma_direct.create_collection(unique_name("raw-chunked"), embedding_function=None)
     ids, embs, docs, mds = benign_batch(3, seed=600)
