@@ -38,6 +38,16 @@ async fn authentication_and_tenancy_errors_are_problems() {
             .unwrap();
         let (s, p) = status_json(r).await;
         assert_problem(s, &p, 401, "unauthenticated");
+        // The scheme is case-insensitive (RFC 9110): `BEARER` is the Bearer scheme.
+        let r = g
+            .client
+            .post(g.url("/substrate/signals/ingest"))
+            .header("authorization", format!("BEARER {DEMO_KEY}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
 
         // Tenant header and body tenantId must name the key's tenant.
         let r = g
@@ -77,8 +87,8 @@ async fn authentication_and_tenancy_errors_are_problems() {
             )
             .await;
         assert_eq!(s, 200);
-        // Refused requests stored nothing: two accepted ingests only.
-        assert_eq!(g.count("SELECT COUNT(*) FROM signals").await, 2);
+        // Refused requests stored nothing: three accepted ingests only.
+        assert_eq!(g.count("SELECT COUNT(*) FROM signals").await, 3);
     }
 }
 

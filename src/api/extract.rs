@@ -35,11 +35,7 @@ impl FromRequestParts<Arc<AppState>> for Auth {
         let value = value
             .to_str()
             .map_err(|_| ApiError::unauthenticated("Authorization header is not valid text"))?;
-        let key = value
-            .strip_prefix("Bearer ")
-            .or_else(|| value.strip_prefix("bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
+        let key = bearer_token(value)
             .ok_or_else(|| ApiError::unauthenticated("Authorization must use the Bearer scheme"))?;
         let rt = state.runtime();
         let (principal, limiter) = rt
@@ -67,6 +63,14 @@ impl FromRequestParts<Arc<AppState>> for Auth {
         tracing::Span::current().record("tenant", principal.tenant.to_string());
         Ok(Auth(principal))
     }
+}
+
+/// The credential of an `Authorization: Bearer <key>` value. The scheme is matched without
+/// regard to case (RFC 9110, 11.1): `Bearer`, `bearer` and `BEARER` are one scheme.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, key) = value.split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
 }
 
 impl Auth {
@@ -360,6 +364,16 @@ impl<T: DeserializeOwned + Default> FromRequest<Arc<AppState>> for ApiJsonOrEmpt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_without_regard_to_case() {
+        for v in ["Bearer k1", "bearer k1", "BEARER k1", "bEaReR  k1 "] {
+            assert_eq!(bearer_token(v), Some("k1"), "{v:?}");
+        }
+        for v in ["Basic k1", "Bearer", "Bearer ", "Bearerk1", "Token k1", ""] {
+            assert_eq!(bearer_token(v), None, "{v:?}");
+        }
+    }
 
     #[test]
     fn a_nul_in_any_string_is_refused_naming_its_field() {
