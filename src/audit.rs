@@ -69,11 +69,13 @@ pub async fn verify_tenant(store: &Store, tenant: Uuid) -> Result<ChainReport, S
                 hash = h;
             }
             Err(b) => {
+                // Sequences start at 1 and verified ones are contiguous: the last good
+                // sequence is how many receipts verified, wherever in a page the break is.
                 return Ok(ChainReport {
                     tenant: tenant.to_string(),
-                    receipts: seq,
+                    receipts: b.last_good,
                     broken: Some(b),
-                })
+                });
             }
         }
     }
@@ -146,6 +148,7 @@ pub fn verify_file(input: impl BufRead) -> Result<Vec<ChainReport>, String> {
         if l.payload.get("decision").and_then(Value::as_str) != Some(l.decision.as_str()) {
             entry.3 = Some(BrokenLink {
                 seq: l.sequence,
+                last_good: entry.0,
                 receipt_id: l.id.clone(),
                 reason: "the line's decision differs from the hashed content".into(),
             });

@@ -714,6 +714,18 @@ async fn a_receipt_altered_in_the_database_replays_as_mismatch_and_verify_finds_
             text.contains(&receipts[1]),
             "verify names the first broken link: {text}"
         );
+        // And counts the receipts that verified before it, wherever the break is.
+        let seq = g
+            .count(&format!(
+                "SELECT seq FROM receipts WHERE id = '{}'",
+                receipts[1]
+            ))
+            .await;
+        assert!(seq > 1, "{seq}");
+        assert!(
+            text.contains(&format!("chain broken after {} good receipts", seq - 1)),
+            "{text}"
+        );
 
         // Tampering with the signal row is found by its binding too.
         g.sql(&format!("UPDATE signals SET body = REPLACE(body, 'note 2', 'note X') WHERE id IN (SELECT signal_id FROM receipts WHERE id = '{}')", receipts[2])).await;

@@ -308,6 +308,8 @@ pub struct ChainLink {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokenLink {
     pub seq: i64,
+    /// The sequence of the last receipt that verified before this one (0: none did).
+    pub last_good: i64,
     pub receipt_id: String,
     pub reason: String,
 }
@@ -334,6 +336,7 @@ pub fn verify_links(
     for l in links {
         let broken = |reason: String| BrokenLink {
             seq: l.seq,
+            last_good: seq,
             receipt_id: l.id.clone(),
             reason,
         };
