@@ -980,6 +980,30 @@ async fn upstream_failures_and_oversized_bodies_are_problems() {
     }
 }
 
+/// A record id with a DEL (0x7f) or another control character is one the store accepts: the
+/// answer of a batch that landed says so (the per-record header escapes the id), not 502.
+#[tokio::test]
+async fn ids_with_control_characters_get_a_true_answer() {
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |_| {}).await;
+        let body = json!({"memories": [
+            {"id": "ok\u{7f}1", "text": BENIGN},
+            {"id": "bad\u{7f}2", "text": HIDDEN},
+        ]});
+        let r = send(&g, "POST", "/memories/batch", Some(body)).await;
+        assert_eq!(r.status(), 200, "{b:?}");
+        let recs: Value =
+            serde_json::from_str(&header(&r, "x-integrity-records").unwrap()).unwrap();
+        assert_eq!(recs[0]["id"], "ok\u{7f}1", "{recs}");
+        assert_eq!(recs[1]["id"], "bad\u{7f}2", "{recs}");
+        assert_ne!(recs[1]["action"], "forwarded", "{recs}");
+        let fwd = up.requests("POST", "/memories/batch");
+        assert_eq!(fwd.len(), 1);
+        assert_eq!(fwd[0].json()["memories"][0]["id"], "ok\u{7f}1");
+    }
+}
+
 /// A batch over the record cap (`limits.proxy_max_records`, or the pack's lower
 /// `max_records`) is refused before any record is judged: nothing is forwarded, journaled or
 /// receipted, and the problem names the cap. A batch at the cap goes through.

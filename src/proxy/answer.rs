@@ -108,12 +108,13 @@ pub fn severity(d: RuntimeDecision) -> u8 {
 /// JSON text with every non-ASCII character escaped, fit for a header value.
 pub fn ascii_json(v: &Value) -> String {
     let s = v.to_string();
-    if s.is_ascii() {
+    // DEL (0x7f) is ASCII, and JSON leaves it unescaped, but no header value may hold it.
+    if s.bytes().all(|b| b.is_ascii() && b != 0x7f) {
         return s;
     }
     let mut out = String::with_capacity(s.len() + 16);
     for c in s.chars() {
-        if c.is_ascii() {
+        if c.is_ascii() && c != '\x7f' {
             out.push(c);
         } else {
             let mut units = [0u16; 2];
@@ -321,6 +322,38 @@ mod tests {
             obstruction: None,
             reasons: vec!["r".into()],
             quarantine: None,
+        }
+    }
+
+    /// Every header value is one the HTTP types accept, whatever the ids: control characters,
+    /// DEL and non-ASCII ids are escaped, so a batch whose records landed is answered as such.
+    #[test]
+    fn headers_are_valid_for_ids_with_control_characters_and_del() {
+        for id in [
+            "a\u{7f}b",
+            "\u{7f}",
+            "tab\there",
+            "nul\u{0}",
+            "ü\u{7f}\u{1}",
+        ] {
+            let outs = vec![
+                o(0, "fine", RuntimeDecision::Allow, Action::Forwarded),
+                o(1, id, RuntimeDecision::Block, Action::Blocked),
+            ];
+            for (name, value) in headers(&outs, EvaluationMode::Enforcement) {
+                assert!(
+                    http::HeaderValue::from_str(&value).is_ok(),
+                    "{name}: {value:?} for id {id:?}"
+                );
+            }
+            let h = headers(&outs, EvaluationMode::Enforcement);
+            let recs = &h
+                .iter()
+                .find(|(k, _)| *k == "x-integrity-records")
+                .unwrap()
+                .1;
+            let v: Value = serde_json::from_str(recs).unwrap();
+            assert_eq!(v[1]["id"], id, "the escaped header reads back as the id");
         }
     }
 
