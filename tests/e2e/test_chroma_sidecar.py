@@ -610,6 +610,21 @@ def test_free_text_in_a_collection_configuration_is_judged(chroma_direct, gate_p
     assert not upstream_recorder.bodies_contain(poison, str(plain.id))
 
 
+def test_an_instruction_in_a_collection_schema_is_judged(chroma_direct, gate_proxy, upstream_recorder):
+    """A collection's `schema` (Chroma >= 1.1) is stored and served to every client, its keys
+    too: an instruction written as a key is judged on create like the metadata."""
+    poison = POISONED["hidden_instruction"]
+    name = unique_name("poisonschema")
+    # The official client's own Schema, serialized as it sends it: a valid schema.
+    from chromadb import Schema, StringInvertedIndexConfig
+
+    schema = Schema().create_index(key=poison, config=StringInvertedIndexConfig()).serialize_to_json()
+    r = gate_proxy.post(f"{API}/collections", json={"name": name, "schema": schema})
+    assert r.status_code in (202, 403), r.text
+    assert name not in [c.name for c in chroma_direct.list_collections()]
+    assert not upstream_recorder.bodies_contain(poison, "/collections")
+
+
 def test_a_clean_rewrite_replaces_an_earlier_annotation(chroma_direct, chroma_gated):
     """Chroma merges the metadata of update and upsert into the stored record's: a clean
     rewrite of a record an earlier write got annotated carries its own decision and receipt,
