@@ -63,6 +63,27 @@ pub enum ExtractError {
     NothingAdmitted,
 }
 
+/// Whether a metadata key reads as the gate's annotation `key` (nested style: the key itself;
+/// flat style: also `key_...`) once NFKC-normalized, stripped of invisible characters and
+/// lower-cased: `_INTEGRITY_DECISION`, `_integ\u{200B}rity` and a full-width `＿integrity` all do.
+fn reads_as_annotation(k: &str, key: &str, flat: bool) -> bool {
+    use unicode_normalization::UnicodeNormalization;
+    let folded = if k.is_ascii() {
+        k.to_ascii_lowercase()
+    } else {
+        k.nfkc()
+            .filter(|c| !crate::kernel::detectors::is_invisible(*c))
+            .collect::<String>()
+            .to_lowercase()
+    };
+    let key = key.to_ascii_lowercase();
+    folded == key
+        || (flat
+            && folded.len() > key.len()
+            && folded.starts_with(key.as_str())
+            && folded.as_bytes()[key.len()] == b'_')
+}
+
 /// What retrieval treatment does with one record of a read answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Treatment {
@@ -537,21 +558,17 @@ impl CompiledRoute {
         }
         let Value::Object(obj) = m else { return };
         let key = self.annotation_key.as_str();
+        let flat = self.annotation == AnnotationStyle::Flat;
+        // A client may not write into the gate's namespace under a spelling a reader takes for
+        // it: keys are compared after NFKC, without invisible characters and case-folded.
+        obj.retain(|k, _| !reads_as_annotation(k, key, flat));
         match self.annotation {
             AnnotationStyle::Nested => {
-                obj.remove(key);
                 if let Some(n) = note {
                     obj.insert(key.to_string(), Value::Object(n.clone()));
                 }
             }
             AnnotationStyle::Flat => {
-                let prefix_len = key.len() + 1;
-                obj.retain(|k, _| {
-                    !(k == key
-                        || (k.len() >= prefix_len
-                            && k.starts_with(key)
-                            && k.as_bytes()[key.len()] == b'_'))
-                });
                 if let Some(n) = note {
                     for (k, v) in n {
                         let v = match v {

@@ -4979,6 +4979,12 @@ enum Invisible {
     Selector,
 }
 
+/// Whether `c` is a character that renders as nothing (zero-width, joiners, direction marks,
+/// tags, variation selectors): text compared for what a reader sees drops these.
+pub fn is_invisible(c: char) -> bool {
+    invisible(c).is_some()
+}
+
 fn invisible(c: char) -> Option<Invisible> {
     Some(match c {
         '\u{200B}'
