@@ -980,6 +980,57 @@ async fn upstream_failures_and_oversized_bodies_are_problems() {
     }
 }
 
+/// The store's credentials a proxied write presented are kept in the journal only while its
+/// outcome is open: once the upstream has answered (taken or refused), none is at rest.
+#[tokio::test]
+async fn settled_writes_keep_no_credential_at_rest() {
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |_| {}).await;
+        let secret = "sk-store-credential-7f3a";
+        for (path, id) in [("/memories", "c1"), ("/memories/batch", "c2")] {
+            let body = if path.ends_with("batch") {
+                json!({"memories": [{"id": id, "text": BENIGN}]})
+            } else {
+                json!({"id": id, "text": BENIGN})
+            };
+            let r = g
+                .client
+                .post(format!("{}{path}", g.proxy))
+                .header("authorization", format!("Bearer {secret}"))
+                .header("x-chroma-token", secret)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{b:?}: {}", r.status());
+            // The upstream got them: the gate passes credentials on.
+            let seen = up.requests("POST", path);
+            assert_eq!(
+                seen.last().unwrap().header("authorization").as_deref(),
+                Some(format!("Bearer {secret}").as_str())
+            );
+        }
+        assert_eq!(
+            wait_count(
+                &g,
+                "SELECT COUNT(*) FROM proxy_dispatches WHERE status = 'completed'",
+                2
+            )
+            .await,
+            2
+        );
+        assert_eq!(
+            g.count(&format!(
+                "SELECT COUNT(*) FROM proxy_dispatches WHERE upstream_headers IS NOT NULL OR detail LIKE '%{secret}%'"
+            ))
+            .await,
+            0,
+            "{b:?}: a settled write keeps no credential"
+        );
+    }
+}
+
 /// A record id with a DEL (0x7f) or another control character is one the store accepts: the
 /// answer of a batch that landed says so (the per-record header escapes the id), not 502.
 #[tokio::test]

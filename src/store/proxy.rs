@@ -10,6 +10,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use uuid::Uuid;
 
+/// The journal keeps the credential headers a write presented upstream only while its outcome
+/// is open (`pending`, `dispatch_unknown`: start-up reconciliation reads the record back with
+/// them); the statement that settles a row clears them (`$1` is the new status).
+const KEEP_CREDENTIALS_WHILE_UNSETTLED: &str =
+    "CASE WHEN $1 IN ('pending', 'dispatch_unknown') THEN upstream_headers ELSE NULL END";
+
 /// A trace moved by a write the store then refused, and what it was before (see
 /// [`Store::restore_traces`]).
 #[derive(Debug, Clone)]
@@ -592,7 +598,7 @@ pub(super) fn settle_statements(settles: Vec<super::group::Settle>) -> Vec<Stmt>
     let mut stmts = Vec::new();
     for ((status, upstream_status, detail), ids) in outcomes {
         for chunk in ids.chunks(IN_CHUNK) {
-            let sql = format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE status = 'pending' AND request_id IN ({})", placeholders(5, chunk.len()));
+            let sql = format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4, upstream_headers = {KEEP_CREDENTIALS_WHILE_UNSETTLED} WHERE status = 'pending' AND request_id IN ({})", placeholders(5, chunk.len()));
             let mut binds = vec![
                 Bind::text(status),
                 Bind::Int(upstream_status.map(i64::from)),
@@ -619,7 +625,7 @@ impl Store {
         detail: Option<&str>,
     ) -> Result<u64> {
         Ok(with_pool!(self, write, |p, _d| {
-            sqlx::query("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4 WHERE request_id = $5 AND status = 'pending'")
+            sqlx::query(&format!("UPDATE proxy_dispatches SET status = $1, upstream_status = $2, detail = $3, updated_at = $4, upstream_headers = {KEEP_CREDENTIALS_WHILE_UNSETTLED} WHERE request_id = $5 AND status = 'pending'"))
                 .bind(status)
                 .bind(upstream_status.map(i64::from))
                 .bind(detail)
@@ -698,7 +704,7 @@ impl Store {
         let at = now();
         for chunk in ids.chunks(IN_CHUNK) {
             let sql = format!(
-                "UPDATE proxy_dispatches SET status = $1, detail = $2, updated_at = $3 WHERE id IN ({})",
+                "UPDATE proxy_dispatches SET status = $1, detail = $2, updated_at = $3, upstream_headers = {KEEP_CREDENTIALS_WHILE_UNSETTLED} WHERE id IN ({})",
                 placeholders(4, chunk.len())
             );
             with_pool!(self, write, |p, _d| {
