@@ -497,6 +497,18 @@ async fn quarantine_review_releases_and_rejects() {
         assert_eq!(list["entries"].as_array().unwrap().len(), 2);
         let (_, list) = g.get(DEMO_KEY, "/substrate/quarantine").await;
         assert_eq!(list["entries"].as_array().unwrap().len(), 0);
+        // A reviewed entry keeps none of the request's headers (credentials among them).
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM quarantine WHERE status IN ('released', 'rejected') AND headers <> '[]'")
+                .await,
+            0,
+            "{b:?}"
+        );
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM quarantine WHERE status IN ('released', 'rejected')")
+                .await,
+            2
+        );
         // The quarantine routes are in the OpenAPI document.
         let (_, doc) = g.get(DEMO_KEY, "/openapi.json").await;
         for p in [

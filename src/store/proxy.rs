@@ -15,6 +15,10 @@ use uuid::Uuid;
 /// them); the statement that settles a row clears them (`$1` is the new status).
 const KEEP_CREDENTIALS_WHILE_UNSETTLED: &str =
     "CASE WHEN $1 IN ('pending', 'dispatch_unknown') THEN upstream_headers ELSE NULL END";
+/// Likewise a held write's request headers: kept while it is held or being released (a release
+/// replays them), cleared once it is released or rejected (`$1` is the new status).
+const HELD_HEADERS_WHILE_UNSETTLED: &str =
+    "CASE WHEN $1 IN ('held', 'releasing') THEN headers ELSE '[]' END";
 
 /// A trace moved by a write the store then refused, and what it was before (see
 /// [`Store::restore_traces`]).
@@ -282,7 +286,7 @@ pub fn quarantine_transition(
 ) -> Stmt {
     let at = now();
     Stmt::Exec {
-        sql: "UPDATE quarantine SET status = $1, reviewed_at = $2, reviewed_by = $3, review_receipt_id = $4, updated_at = $2 WHERE tenant_id = $5 AND id = $6 AND status = $7".into(),
+        sql: format!("UPDATE quarantine SET status = $1, reviewed_at = $2, reviewed_by = $3, review_receipt_id = $4, updated_at = $2, headers = {HELD_HEADERS_WHILE_UNSETTLED} WHERE tenant_id = $5 AND id = $6 AND status = $7"),
         binds: vec![
             Bind::text(to),
             Bind::text(at),
@@ -785,7 +789,7 @@ impl Store {
         upstream_status: Option<u16>,
     ) -> Result<()> {
         with_pool!(self, write, |p, _d| {
-            sqlx::query("UPDATE quarantine SET status = $1, upstream_status = $2, updated_at = $3 WHERE tenant_id = $4 AND id = $5 AND status = 'releasing'")
+            sqlx::query(&format!("UPDATE quarantine SET status = $1, upstream_status = $2, updated_at = $3, headers = {HELD_HEADERS_WHILE_UNSETTLED} WHERE tenant_id = $4 AND id = $5 AND status = 'releasing'"))
                 .bind(status)
                 .bind(upstream_status.map(i64::from))
                 .bind(now())
