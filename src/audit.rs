@@ -47,24 +47,58 @@ pub struct ChainReport {
     pub broken: Option<BrokenLink>,
 }
 
-/// Walks a tenant's whole chain in the store, page by page.
+/// Walks a tenant's whole chain in the store, page by page: every link, the columns served
+/// beside each receipt's content, and that the chain reaches the recorded head (read first, so
+/// receipts written during the walk extend the chain past it and are verified as well).
 pub async fn verify_tenant(store: &Store, tenant: Uuid) -> Result<ChainReport, String> {
+    let head = store
+        .receipt_head(tenant)
+        .await
+        .map_err(|e| e.to_string())?
+        .unwrap_or((0, GENESIS_HASH.to_string()));
     let (mut seq, mut hash) = (0i64, GENESIS_HASH.to_string());
+    // Whether the receipt at the head's sequence carries the head's hash (the genesis: yes).
+    let mut head_found = head.0 == 0;
     loop {
         let rows = store
             .receipt_page(tenant, seq, PAGE)
             .await
             .map_err(|e| e.to_string())?;
         if rows.is_empty() {
+            let broken = (!head_found).then(|| BrokenLink {
+                seq: head.0,
+                last_good: seq,
+                receipt_id: format!("(head of tenant {tenant})"),
+                reason: format!(
+                    "the chain ends at sequence {seq}, but the recorded head is sequence {} with hash {}",
+                    head.0, head.1
+                ),
+            });
             return Ok(ChainReport {
                 tenant: tenant.to_string(),
                 receipts: seq,
-                broken: None,
+                broken,
             });
         }
         let links: Vec<ChainLink> = rows.iter().map(ReceiptRow::link).collect();
-        match verify_links(seq, &hash, &links) {
+        let checked = verify_links(seq, &hash, &links).and_then(|tip| {
+            // The hash binds the content; the columns the API serves beside it must say
+            // what the content says.
+            match rows.iter().find_map(|r| column_mismatch(r).map(|c| (r, c))) {
+                Some((r, column)) => Err(BrokenLink {
+                    seq: r.seq,
+                    last_good: r.seq - 1,
+                    receipt_id: r.id.clone(),
+                    reason: format!("the stored {column} differs from the hashed content"),
+                }),
+                None => Ok(tip),
+            }
+        });
+        match checked {
             Ok((s, h)) => {
+                if let Some(r) = rows.iter().find(|r| r.seq == head.0) {
+                    head_found = r.replay_hash == head.1;
+                }
                 seq = s;
                 hash = h;
             }
@@ -79,6 +113,34 @@ pub async fn verify_tenant(store: &Store, tenant: Uuid) -> Result<ChainReport, S
             }
         }
     }
+}
+
+/// The first stored column of a receipt that the API serves and its hashed content contradicts.
+fn column_mismatch(r: &ReceiptRow) -> Option<&'static str> {
+    let content: Value = serde_json::from_str(&r.payload).ok()?;
+    let says = |member: &str| content.get(member).and_then(Value::as_str);
+    if says("decision") != Some(r.decision.as_str()) {
+        return Some("decision");
+    }
+    let pairs = [
+        ("id", "receiptId", r.id.as_str()),
+        ("tenant_id", "tenantId", r.tenant_id.as_str()),
+        ("kind", "kind", r.kind.as_str()),
+        ("outcome", "governanceOutcome", r.outcome.as_str()),
+    ];
+    for (column, member, stored) in pairs {
+        if says(member).is_some_and(|v| v != stored) {
+            return Some(column);
+        }
+    }
+    let signal = content
+        .get("signal")
+        .and_then(|s| s.get("id"))
+        .and_then(Value::as_str);
+    if signal.is_some() && signal != r.signal_id.as_deref() {
+        return Some("signal_id");
+    }
+    None
 }
 
 /// Exports a tenant's receipts created at or after `since` (RFC 3339) as JSON Lines.

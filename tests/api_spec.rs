@@ -639,6 +639,90 @@ async fn a_write_held_by_the_learned_detector_replays_matched() {
     }
 }
 
+/// `receipts verify` catches edits outside the hashed content too: a served column changed
+/// (the decision the API answers), and the newest receipt deleted (the chain no longer reaches
+/// the recorded head).
+#[tokio::test]
+async fn verify_finds_an_edited_column_and_a_deleted_newest_receipt() {
+    for b in backends() {
+        let g = Gate::start(GateOptions::new(b)).await;
+        let mut receipts = vec![];
+        for i in 0..3 {
+            let id = g
+                .ingest(
+                    DEMO_KEY,
+                    signal_body(json!({"payload": format!("note {i}: the depot opens at six")})),
+                )
+                .await;
+            receipts.push(
+                g.evaluate(DEMO_KEY, &id).await["receipt"]["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+        let verify = || {
+            let out = g.cli(&[
+                "receipts",
+                "verify",
+                "--config",
+                g.config_path.to_str().unwrap(),
+                "--tenant",
+                DEMO_TENANT,
+            ]);
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+            )
+        };
+        let (ok, text) = verify();
+        assert!(ok, "intact: {text}");
+
+        // The decision column the API serves, edited; the hashed content left alone.
+        let (_, before) = g
+            .get(DEMO_KEY, &format!("/substrate/receipts/{}", receipts[0]))
+            .await;
+        let decision = before["receipt"]["decision"].as_str().unwrap().to_string();
+        let forged = if decision == "block" {
+            "allow"
+        } else {
+            "block"
+        };
+        g.sql(&format!(
+            "UPDATE receipts SET decision = '{forged}' WHERE id = '{}'",
+            receipts[0]
+        ))
+        .await;
+        let (ok, text) = verify();
+        assert!(!ok, "{text}");
+        assert!(
+            text.contains(&receipts[0]) && text.contains("decision"),
+            "{text}"
+        );
+        g.sql(&format!(
+            "UPDATE receipts SET decision = '{decision}' WHERE id = '{}'",
+            receipts[0]
+        ))
+        .await;
+        let (ok, text) = verify();
+        assert!(ok, "restored: {text}");
+
+        // The newest receipt deleted: the head still names it.
+        let newest = g
+            .count(&format!(
+                "SELECT MAX(seq) FROM receipts WHERE tenant_id = '{DEMO_TENANT}'"
+            ))
+            .await;
+        g.sql(&format!(
+            "DELETE FROM receipts WHERE tenant_id = '{DEMO_TENANT}' AND seq = {newest}"
+        ))
+        .await;
+        let (ok, text) = verify();
+        assert!(!ok, "{text}");
+        assert!(text.contains("recorded head is sequence"), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn a_receipt_altered_in_the_database_replays_as_mismatch_and_verify_finds_it() {
     for b in backends() {

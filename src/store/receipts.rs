@@ -421,6 +421,17 @@ impl Store {
         }))
     }
 
+    /// The recorded head of a tenant's chain: the sequence and hash of its newest receipt
+    /// (`None`: the tenant never had a receipt).
+    pub async fn receipt_head(&self, tenant: Uuid) -> Result<Option<(i64, String)>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT seq, hash FROM receipt_heads WHERE tenant_id = $1")
+                .bind(tenant.to_string())
+                .fetch_optional(p)
+                .await?
+        }))
+    }
+
     /// First sequence number of a tenant's receipts created at or after `since`.
     pub async fn first_seq_since(&self, tenant: Uuid, since: &str) -> Result<Option<i64>> {
         let row: Option<(Option<i64>,)> = with_pool!(self, read, |p, _d| {
