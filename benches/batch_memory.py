@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The largest batch a route allows, through the gate into a real Chroma: the gate's peak
+memory, the batch's time, and the latency of small writes sent beside it, against the same
+small writes with no batch running.
+
+    cargo build --release --bin substrate-gate
+    python3 benches/batch_memory.py [--records 5461] [--gate target/release/substrate-gate]
+
+Needs `chroma` (pip install -r tests/e2e/requirements.txt). Peak memory is the gate process's
+VmHWM from /proc (Linux); the batch's records are tiny (3-dimension embeddings, short
+documents), the shape that costs the gate most per byte.
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from conftest import _wait_http_ok, _wait_tcp, free_port, gate_config  # noqa: E402
+
+API = "/api/v2/tenants/default_tenant/databases/default_database"
+
+
+def rss_kib(pid, field):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def small_writes(url, stop, latencies, prefix):
+    i = 0
+    s = requests.Session()
+    while not stop.is_set():
+        body = {"ids": [f"{prefix}{i}"], "embeddings": [[0.3, 0.2, 0.1]],
+                "documents": [f"small note {i}: the depot opens at six"], "metadatas": None, "uris": None}
+        t = time.perf_counter()
+        r = s.post(url, json=body, timeout=120)
+        latencies.append((time.perf_counter() - t) * 1000)
+        assert r.status_code in (200, 201), r.text
+        i += 1
+        time.sleep(0.02)
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=5461)
+    ap.add_argument("--gate", default=str(REPO / "target/release/substrate-gate"))
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="batch-memory-"))
+    procs = []
+    try:
+        cport, api, proxy, metrics = free_port(), free_port(), free_port(), free_port()
+        log = open(tmp / "chroma.log", "wb")
+        chroma = subprocess.Popen([shutil.which("chroma") or "chroma", "run", "--host", "127.0.0.1", "--port",
+                                   str(cport), "--path", str(tmp / "chroma")], stdout=log, stderr=subprocess.STDOUT)
+        procs.append(chroma)
+        _wait_http_ok(f"http://127.0.0.1:{cport}/api/v2/heartbeat", chroma, tmp / "chroma.log", "chroma")
+        (tmp / "gate.toml").write_text(gate_config(tmp, api, proxy, metrics, cport))
+        glog = open(tmp / "gate.log", "wb")
+        gate = subprocess.Popen([a.gate, "serve", "--config", str(tmp / "gate.toml")], stdout=glog,
+                                stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"})
+        procs.append(gate)
+        _wait_tcp(proxy, gate, tmp / "gate.log", "gate")
+        base = f"http://127.0.0.1:{proxy}{API}"
+        coll = requests.post(f"http://127.0.0.1:{cport}{API}/collections", json={"name": "bench"}).json()["id"]
+        url = f"{base}/collections/{coll}/add"
+
+        # Small writes alone: the baseline.
+        stop, alone = threading.Event(), []
+        t = threading.Thread(target=small_writes, args=(url, stop, alone, "alone-"))
+        t.start()
+        time.sleep(5)
+        stop.set()
+        t.join()
+        idle = rss_kib(gate.pid, "VmRSS")
+
+        # The batch, with small writes beside it.
+        n = a.records
+        body = {"ids": [f"b{i}" for i in range(n)], "embeddings": [[0.1, 0.2, 0.3]] * n,
+                "documents": [f"catalogue entry {i}: part {1000 + i}" for i in range(n)],
+                "metadatas": [{"i": i} for i in range(n)], "uris": None}
+        stop, beside = threading.Event(), []
+        t = threading.Thread(target=small_writes, args=(url, stop, beside, "beside-"))
+        t.start()
+        time.sleep(0.5)
+        start = time.perf_counter()
+        r = requests.post(url, json=body, timeout=600)
+        took = time.perf_counter() - start
+        time.sleep(0.5)
+        stop.set()
+        t.join()
+        peak = rss_kib(gate.pid, "VmHWM")
+        print(f"batch of {n} records: HTTP {r.status_code} in {took:.2f} s")
+        print(f"gate memory: {idle / 1024:.0f} MiB after small writes, peak {peak / 1024:.0f} MiB")
+        for name, xs in (("alone", alone), ("beside the batch", beside)):
+            print(f"small writes {name}: n={len(xs)} p50 {statistics.median(xs):.1f} ms, "
+                  f"p99 {pct(xs, 0.99):.1f} ms, max {max(xs):.1f} ms")
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
