@@ -156,17 +156,16 @@ pub async fn handle(
         write_problem(session, 400, "invalid_body", &detail, Value::Null, &[]).await?;
         return Ok(true);
     }
-    // The record cap, before any record is built or judged: one request may not hold the
-    // gate's memory and every other writer's turn with more records than the store takes.
+    // The record cap (the store's own batch limit, at most the gate's), counted before any
+    // record is built or judged: an oversized batch costs one JSON parse and nothing else.
     let cap = route.max_records.map_or(cfg.limits.proxy_max_records, |r| {
         r.min(cfg.limits.proxy_max_records)
     });
-    let parsed = route.parse_body(&body).and_then(|v| {
-        let n = route.record_count(&v)?;
-        Ok((v, n))
-    });
-    let value = match parsed {
-        Ok((_, n)) if n > cap => {
+    let parsed = route
+        .parse_body(&body)
+        .and_then(|v| route.record_count(&v).map(|n| (v, n)));
+    if let Ok((_, n)) = &parsed {
+        if *n > cap {
             let detail = format!(
                 "the request carries {n} records; this route takes at most {cap} per request \
                  (split the batch); nothing was sent to the store"
@@ -175,10 +174,8 @@ pub async fn handle(
             write_problem(session, 413, "payload_too_large", &detail, extra, &[]).await?;
             return Ok(true);
         }
-        Ok((v, _)) => Ok(v),
-        Err(e) => Err(e),
-    };
-    let parsed = value.and_then(|v| m.extract_records(&v).map(|r| (v, r)));
+    }
+    let parsed = parsed.and_then(|(v, _)| m.extract_records(&v).map(|r| (v, r)));
     let (mut value, records) = match parsed {
         Ok(x) => x,
         Err(e) => {
