@@ -639,6 +639,42 @@ async fn a_write_held_by_the_learned_detector_replays_matched() {
     }
 }
 
+/// Three signals ingested and evaluated: their receipts' ids, in chain order.
+async fn evaluated_receipts(g: &Gate, text: &str) -> Vec<String> {
+    let mut receipts = vec![];
+    for i in 0..3 {
+        let id = g
+            .ingest(
+                DEMO_KEY,
+                signal_body(json!({"payload": format!("note {i}: {text}")})),
+            )
+            .await;
+        receipts.push(
+            g.evaluate(DEMO_KEY, &id).await["receipt"]["id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    receipts
+}
+
+/// `substrate-gate receipts verify` of the demo tenant: whether it passed, and what it printed.
+fn verify_chain(g: &Gate) -> (bool, String) {
+    let out = g.cli(&[
+        "receipts",
+        "verify",
+        "--config",
+        g.config_path.to_str().unwrap(),
+        "--tenant",
+        DEMO_TENANT,
+    ]);
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+    )
+}
+
 /// `receipts verify` catches edits outside the hashed content too: a served column changed
 /// (the decision the API answers), and the newest receipt deleted (the chain no longer reaches
 /// the recorded head).
@@ -646,35 +682,8 @@ async fn a_write_held_by_the_learned_detector_replays_matched() {
 async fn verify_finds_an_edited_column_and_a_deleted_newest_receipt() {
     for b in backends() {
         let g = Gate::start(GateOptions::new(b)).await;
-        let mut receipts = vec![];
-        for i in 0..3 {
-            let id = g
-                .ingest(
-                    DEMO_KEY,
-                    signal_body(json!({"payload": format!("note {i}: the depot opens at six")})),
-                )
-                .await;
-            receipts.push(
-                g.evaluate(DEMO_KEY, &id).await["receipt"]["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
-            );
-        }
-        let verify = || {
-            let out = g.cli(&[
-                "receipts",
-                "verify",
-                "--config",
-                g.config_path.to_str().unwrap(),
-                "--tenant",
-                DEMO_TENANT,
-            ]);
-            (
-                out.status.success(),
-                String::from_utf8_lossy(&out.stdout).to_string(),
-            )
-        };
+        let receipts = evaluated_receipts(&g, "the depot opens at six").await;
+        let verify = || verify_chain(&g);
         let (ok, text) = verify();
         assert!(ok, "intact: {text}");
 
@@ -727,36 +736,9 @@ async fn verify_finds_an_edited_column_and_a_deleted_newest_receipt() {
 async fn a_receipt_altered_in_the_database_replays_as_mismatch_and_verify_finds_it() {
     for b in backends() {
         let g = Gate::start(GateOptions::new(b)).await;
-        let mut receipts = vec![];
-        for i in 0..3 {
-            let id = g
-                .ingest(
-                    DEMO_KEY,
-                    signal_body(
-                        json!({"payload": format!("note {i}: deliveries arrive before noon")}),
-                    ),
-                )
-                .await;
-            receipts.push(
-                g.evaluate(DEMO_KEY, &id).await["receipt"]["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_string(),
-            );
-        }
-        let out = g.cli(&[
-            "receipts",
-            "verify",
-            "--config",
-            g.config_path.to_str().unwrap(),
-            "--tenant",
-            DEMO_TENANT,
-        ]);
-        assert!(
-            out.status.success(),
-            "intact chain verifies: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let receipts = evaluated_receipts(&g, "deliveries arrive before noon").await;
+        let (ok, text) = verify_chain(&g);
+        assert!(ok, "intact chain verifies: {text}");
 
         // An attacker flips the recorded decision inside the stored content.
         g.sql(&format!("UPDATE receipts SET payload = REPLACE(payload, '\"decision\":\"allow\"', '\"decision\":\"block\"') WHERE id = '{}'", receipts[1])).await;
@@ -781,19 +763,8 @@ async fn a_receipt_altered_in_the_database_replays_as_mismatch_and_verify_finds_
             "the altered field is named: {m:?}"
         );
 
-        let out = g.cli(&[
-            "receipts",
-            "verify",
-            "--config",
-            g.config_path.to_str().unwrap(),
-            "--tenant",
-            DEMO_TENANT,
-        ]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            !out.status.success(),
-            "verify fails on a broken chain: {text}"
-        );
+        let (ok, text) = verify_chain(&g);
+        assert!(!ok, "verify fails on a broken chain: {text}");
         assert!(
             text.contains(&receipts[1]),
             "verify names the first broken link: {text}"
