@@ -68,20 +68,22 @@ pub enum ExtractError {
 /// lower-cased: `_INTEGRITY_DECISION`, `_integ\u{200B}rity` and a full-width `＿integrity` all do.
 fn reads_as_annotation(k: &str, key: &str, flat: bool) -> bool {
     use unicode_normalization::UnicodeNormalization;
-    let folded = if k.is_ascii() {
-        k.to_ascii_lowercase()
-    } else {
-        k.nfkc()
-            .filter(|c| !crate::kernel::detectors::is_invisible(*c))
-            .collect::<String>()
-            .to_lowercase()
+    let reads_as = |k: &str| {
+        k.eq_ignore_ascii_case(key)
+            || (flat
+                && k.len() > key.len()
+                && k.as_bytes()[key.len()] == b'_'
+                && k[..key.len()].eq_ignore_ascii_case(key))
     };
-    let key = key.to_ascii_lowercase();
-    folded == key
-        || (flat
-            && folded.len() > key.len()
-            && folded.starts_with(key.as_str())
-            && folded.as_bytes()[key.len()] == b'_')
+    if k.is_ascii() {
+        return reads_as(k);
+    }
+    let folded: String = k
+        .nfkc()
+        .filter(|c| !crate::kernel::detectors::is_invisible(*c))
+        .collect::<String>()
+        .to_lowercase();
+    reads_as(&folded)
 }
 
 /// What retrieval treatment does with one record of a read answer.
