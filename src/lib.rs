@@ -11,6 +11,7 @@
 //! - [`receipts`]: canonical hashing, the chain, replay
 //! - [`webhooks`]: subscriptions and signed deliveries
 
+pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod config;

@@ -34,9 +34,9 @@ pub static CONNECTIONS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     reg(IntCounterVec::new(
         Opts::new(
             "substrate_gate_connections_refused_total",
-            "Client connections closed on accept because the listener held limits.max_client_connections",
+            "Client connections closed on accept: the listener held limits.max_client_connections (reason total) or the client's address held limits.max_connections_per_client (reason per_client)",
         ),
-        &["listener"],
+        &["listener", "reason"],
     )
     .expect("metric"))
 });

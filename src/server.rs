@@ -131,8 +131,8 @@ pub async fn serve(path: &Path) -> Result<(), String> {
 }
 
 /// Serves a listener (api, metrics) as `axum::serve` does, plus what it leaves unset: a bound on the time
-/// a client may take to send a request head (`limits.body_timeout_ms`, read per connection so a
-/// reload applies to new ones). Without it a client trickling header bytes (slowloris), or an
+/// a client may take to send a whole request head (`limits.head_timeout_ms`, read per
+/// connection so a reload applies to new ones) and the connection shares of [`crate::admission`]. Without it a client trickling header bytes (slowloris), or an
 /// idle keep-alive connection, held a connection and its file descriptor for ever. On shutdown
 /// no connection is accepted any more, in-flight requests finish, and this returns when the last
 /// connection has closed.
@@ -147,12 +147,11 @@ async fn serve_bounded(
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
     let (open_tx, _) = tokio::sync::watch::channel(());
-    // Connections open now (`limits.max_client_connections` at most; one beyond is closed at once).
-    let open_now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let admission = crate::admission::Admission::new();
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((s, _)) => s,
+                Ok(s) => s,
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "api accept failed");
@@ -163,23 +162,25 @@ async fn serve_bounded(
             _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
         };
         let _ = stream.set_nodelay(true);
-        let (head_timeout, max) = {
+        let (head_timeout, max, per_client) = {
             let rt = state.runtime();
             let l = &rt.config.limits;
             (
-                Duration::from_millis(l.body_timeout_ms),
+                Duration::from_millis(l.head_timeout_ms),
                 l.max_client_connections,
+                l.max_connections_per_client,
             )
         };
-        if open_now.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= max {
-            open_now.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-            crate::metrics::CONNECTIONS_REFUSED
-                .with_label_values(&[name])
-                .inc();
-            drop(stream);
-            continue;
-        }
-        let counted = open_now.clone();
+        let admitted = match admission.admit(Some(peer.ip()), max, per_client) {
+            Ok(a) => a,
+            Err(why) => {
+                crate::metrics::CONNECTIONS_REFUSED
+                    .with_label_values(&[name, why.label()])
+                    .inc();
+                drop(stream);
+                continue;
+            }
+        };
         let service = TowerToHyperService::new(router.clone());
         let mut conn_stop = stop.clone();
         let open = open_tx.subscribe();
@@ -204,7 +205,7 @@ async fn serve_bounded(
                 }
             }
             drop(open);
-            counted.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            drop(admitted);
         });
     }
     drop(listener);

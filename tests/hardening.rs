@@ -859,3 +859,115 @@ async fn proxy_connections_are_bounded_in_time_and_number() {
     assert_eq!(r.status, 200, "{}", r.head);
     drop(idle);
 }
+
+/// A connection from `source` (any 127/8 address reaches the loopback listener), as a client
+/// elsewhere on the network would come.
+async fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    sock.connect(addr.parse().unwrap()).await.unwrap()
+}
+
+/// Whether the gate closed `s` within `limit` (end of stream or a reset), reading and dropping
+/// whatever it answered.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let until = Instant::now() + limit;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Slowloris, on both listeners: a client that trickles its request head (a byte at a time,
+/// each in time for a per-read timeout) is cut off once `limits.head_timeout_ms` passes for
+/// the whole head; one address holding many slow connections gets only its share
+/// (`limits.max_connections_per_client`), and a client from another address is served at
+/// once while they hang.
+#[tokio::test]
+async fn slow_heads_are_cut_and_one_address_holds_only_its_share() {
+    const HEAD_MS: u64 = 1500;
+    let up =
+        common::upstream::Upstream::start(|_| common::upstream::Reply::ok(json!({"ok": true})))
+            .await;
+    let mut o = GateOptions::new(Backend::Sqlite);
+    o.upstream = up.addr.clone();
+    o.limits = format!(
+        "body_timeout_ms = 10000\nhead_timeout_ms = {HEAD_MS}\nmax_client_connections = 16\nmax_connections_per_client = 4"
+    );
+    let g = Gate::start(o).await;
+    let proxy = g.proxy.trim_start_matches("http://").to_string();
+    let api = addr(&g);
+    let heads = [
+        (
+            proxy.clone(),
+            "GET /api/v2/heartbeat HTTP/1.1\r\nHost: store\r\n",
+        ),
+        (api.clone(), "GET /healthz HTTP/1.1\r\nHost: gate\r\n"),
+    ];
+    for (a, start) in &heads {
+        // One slow head: a header byte every 200 ms (each read well inside any per-read
+        // timeout), never the blank line.
+        let mut s = connect_from("127.0.0.3", a).await;
+        s.write_all(start.as_bytes()).await.unwrap();
+        let t = Instant::now();
+        let mut cut = false;
+        while t.elapsed() < Duration::from_millis(HEAD_MS * 6) {
+            if s.write_all(b"X").await.is_err()
+                || closed_within(&mut s, Duration::from_millis(200)).await
+            {
+                cut = true;
+                break;
+            }
+        }
+        assert!(cut, "{a}: a trickled head was held for {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_millis(HEAD_MS * 4),
+            "{a}: cut after {:?}",
+            t.elapsed()
+        );
+
+        // Twenty slow connections from one address (more than the listener's total): four are
+        // taken, the rest are closed at once.
+        let mut slow = vec![];
+        for _ in 0..20 {
+            let mut s = connect_from("127.0.0.3", a).await;
+            let _ = s.write_all(start.as_bytes()).await;
+            slow.push(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut refused = 0;
+        for s in slow.iter_mut() {
+            if closed_within(s, Duration::from_millis(50)).await {
+                refused += 1;
+            }
+        }
+        assert_eq!(
+            refused,
+            16,
+            "{a}: one address kept {} connections",
+            20 - refused
+        );
+        // Another address is served while they hang.
+        let mut c = connect_from("127.0.0.2", a).await;
+        c.write_all(format!("{start}Connection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let t = Instant::now();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{a}: {answer}");
+        assert!(
+            t.elapsed() < Duration::from_millis(HEAD_MS),
+            "{a}: served after {:?}",
+            t.elapsed()
+        );
+        drop(slow);
+    }
+    assert_alive(&g).await;
+}

@@ -371,6 +371,16 @@ pub fn validate(c: &Config, problems: &mut Vec<ConfigProblem>) {
             "must be 1 to 1000000",
         ));
     }
+    // Above max_client_connections the share is simply the total.
+    if c.limits.max_connections_per_client == 0 {
+        problems.push(problem(
+            "limits.max_connections_per_client",
+            "must be greater than 0",
+        ));
+    }
+    if c.limits.head_timeout_ms == 0 {
+        problems.push(problem("limits.head_timeout_ms", "must be greater than 0"));
+    }
     if tracing_subscriber::EnvFilter::try_new(&c.logging.level).is_err() {
         problems.push(problem(
             "logging.level",

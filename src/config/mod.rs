@@ -161,14 +161,23 @@ pub struct Limits {
     #[serde(default = "default_json_depth")]
     pub json_max_depth: usize,
     /// Time a client gets to send a whole request body (slowloris bound); also how long a
-    /// connection may wait for its next request's head (idle keep-alive, a connection that
-    /// sends nothing) on the API and proxy listeners.
+    /// proxy connection may sit idle before its next request (keep-alive, a connection that
+    /// sends nothing). The API listener closes an idle connection after `head_timeout_ms`.
     #[serde(default = "default_body_timeout")]
     pub body_timeout_ms: u64,
     /// Client connections each listener (api, proxy) holds open at once; one beyond is closed
     /// as soon as it is accepted, so idle clients cannot take every file descriptor.
     #[serde(default = "default_max_client_connections")]
     pub max_client_connections: usize,
+    /// Client connections one client address may hold open on a listener (its share of
+    /// `max_client_connections`); one beyond is closed as soon as it is accepted. Clients in
+    /// the sidecar's own pod share the loopback address.
+    #[serde(default = "default_max_connections_per_client")]
+    pub max_connections_per_client: usize,
+    /// Time a client gets to send a whole request head, from the moment the listener waits for
+    /// it (slowloris bound), on the API and proxy listeners.
+    #[serde(default = "default_head_timeout")]
+    pub head_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -181,6 +190,8 @@ impl Default for Limits {
             json_max_depth: default_json_depth(),
             body_timeout_ms: default_body_timeout(),
             max_client_connections: default_max_client_connections(),
+            max_connections_per_client: default_max_connections_per_client(),
+            head_timeout_ms: default_head_timeout(),
         }
     }
 }
@@ -470,6 +481,14 @@ fn default_body_timeout() -> u64 {
 }
 fn default_max_client_connections() -> usize {
     4096
+}
+/// A quarter of the default total: one address holding its whole share leaves three quarters
+/// to everyone else.
+fn default_max_connections_per_client() -> usize {
+    1024
+}
+fn default_head_timeout() -> u64 {
+    10_000
 }
 fn default_log_level() -> String {
     "info".into()

@@ -10,11 +10,24 @@
 //! a window's logit is the same bits on every platform. The model file's sha256 is its
 //! identity; policies bind it into their coefficient version.
 //!
+//! A format-2 model adds a small neural network over the same features, its logit added to the
+//! linear one: each feature's bucket (its low `mlp_bits` bits) selects a row of `hidden` 8-bit
+//! weights; a window's rows, signed and summed exactly in `i32`, scaled by `1/sqrt(n)` as the
+//! linear sum is, plus a bias, go through a ReLU, and the hidden units' weighted sum is the
+//! network's logit. The two models err on different windows; together they rank injections
+//! above clean text better than either (docs/detectors.md gives the measurement). A pair of
+//! segments sums its two segments' integer rows, so the network costs one pass over the
+//! features, like the linear model. Its floating-point steps are taken in a fixed order, each
+//! correctly rounded, so the logit stays the same bits everywhere.
+//!
 //! The same feature code serves training (`detector-lab featurize`), so what the trainer fits
 //! is exactly what the kernel computes. File format (little-endian):
-//! `b"SGIM"`, `u32` format version (1), `u32` hash bits, `u32` smallest and largest character
-//! n-gram, `u32` largest word n-gram, `f64` bias, `f64` scale, `f64` hold and warn thresholds
-//! (the calibrated defaults a policy uses unless it sets its own), then `2^bits` `i16` weights.
+//! `b"SGIM"`, `u32` format version (1 or 2), `u32` hash bits, `u32` smallest and largest
+//! character n-gram, `u32` largest word n-gram, `f64` bias, `f64` scale, `f64` hold and warn
+//! thresholds (the calibrated defaults a policy uses unless it sets its own), then `2^bits`
+//! `i16` weights. Format 2 goes on with the network: `u32` bucket bits (at most the hash bits),
+//! `u32` hidden units (1 to 64), `f64` row scale, `hidden` `f64` biases, `hidden` `f64` output
+//! weights, then `2^bucket_bits * hidden` `i8` weights, row by row.
 
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, LazyLock};
@@ -23,8 +36,13 @@ use std::sync::{Arc, LazyLock};
 const BUILTIN_MODEL: &[u8] = include_bytes!("../../models/injection.sgim");
 
 const MAGIC: &[u8; 4] = b"SGIM";
-const FORMAT_VERSION: u32 = 1;
+/// The newest format this build reads (it reads every older one).
+const FORMAT_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4 + 4 * 5 + 8 * 4;
+/// The network section's fixed part: bucket bits, hidden units, row scale.
+const NET_HEADER_BYTES: usize = 4 + 4 + 8;
+/// Most hidden units a network may have (its sums live on the stack).
+const MAX_HIDDEN: usize = 64;
 
 /// A segment shorter than this (in characters) is read together with the next one: a field
 /// label ("Owner:", "Note"), a heading, a speaker's name.
@@ -79,7 +97,7 @@ impl FeatureSpec {
     }
 }
 
-/// A linear model over hashed n-grams.
+/// A linear model over hashed n-grams, with a small network beside it in format 2.
 pub struct Model {
     spec: FeatureSpec,
     bias: f64,
@@ -87,7 +105,102 @@ pub struct Model {
     hold: f64,
     warn: f64,
     weights: Box<[i16]>,
+    net: Option<Net>,
     digest: String,
+}
+
+/// The network of a format-2 model: one hidden ReLU layer over the hashed features.
+struct Net {
+    /// `2^bits - 1`: a feature's row is its bucket's low bits.
+    mask: u32,
+    hidden: usize,
+    row_scale: f64,
+    bias: Box<[f64]>,
+    out: Box<[f64]>,
+    /// `2^bits` rows of `hidden` weights.
+    rows: Box<[i8]>,
+}
+
+/// A window's network sums (one per hidden unit), exact integers.
+type Sums = [i32; MAX_HIDDEN];
+
+impl Net {
+    fn parse(bytes: &[u8], spec: FeatureSpec) -> Result<(Net, usize), ModelError> {
+        let need = |n: usize| {
+            if bytes.len() < n {
+                Err(ModelError::Header("network section cut short"))
+            } else {
+                Ok(())
+            }
+        };
+        need(NET_HEADER_BYTES)?;
+        let u32_at =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let f64s = |from: usize, n: usize| -> Box<[f64]> {
+            bytes[from..from + 8 * n]
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect()
+        };
+        let (bits, hidden) = (u32_at(0), u32_at(4) as usize);
+        if !(1..=spec.bits).contains(&bits) {
+            return Err(ModelError::Header(
+                "network bucket bits outside 1..=hash bits",
+            ));
+        }
+        if !(1..=MAX_HIDDEN).contains(&hidden) {
+            return Err(ModelError::Header("network hidden units outside 1..=64"));
+        }
+        let row_scale = f64s(8, 1)[0];
+        let rows_at = NET_HEADER_BYTES + 16 * hidden;
+        let len = rows_at + (1usize << bits) * hidden;
+        need(len)?;
+        let bias = f64s(NET_HEADER_BYTES, hidden);
+        let out = f64s(NET_HEADER_BYTES + 8 * hidden, hidden);
+        if !row_scale.is_finite()
+            || row_scale < 0.0
+            || !bias.iter().chain(out.iter()).all(|v| v.is_finite())
+        {
+            return Err(ModelError::Header("network weights not finite"));
+        }
+        let rows = bytes[rows_at..len].iter().map(|&b| b as i8).collect();
+        Ok((
+            Net {
+                mask: (1u32 << bits) - 1,
+                hidden,
+                row_scale,
+                bias,
+                out,
+                rows,
+            },
+            len,
+        ))
+    }
+
+    /// Adds a feature's row, signed, to `sums`.
+    #[inline]
+    fn add(&self, sums: &mut Sums, bucket: u32, sign: i32) {
+        let h = self.hidden;
+        let at = (bucket & self.mask) as usize * h;
+        let row = &self.rows[at..at + h];
+        for (s, &w) in sums[..h].iter_mut().zip(row) {
+            *s += sign * i32::from(w);
+        }
+    }
+
+    /// The network's logit for a window whose sums are `sums` over `n` n-grams: the hidden
+    /// units in order, each step correctly rounded.
+    fn logit(&self, sums: &Sums, n: u32) -> f64 {
+        let root = f64::from(n).sqrt();
+        let mut acc = 0.0f64;
+        for j in 0..self.hidden {
+            let a = self.row_scale * (f64::from(sums[j]) / root) + self.bias[j];
+            if a > 0.0 {
+                acc += self.out[j] * a;
+            }
+        }
+        acc
+    }
 }
 
 impl std::fmt::Debug for Model {
@@ -154,7 +267,7 @@ impl Model {
             f64::from_le_bytes(b)
         };
         let version = u32_at(4);
-        if version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&version) {
             return Err(ModelError::Version(version));
         }
         let spec = FeatureSpec {
@@ -174,14 +287,22 @@ impl Model {
             ));
         }
         let n = 1usize << spec.bits;
-        let want = HEADER_BYTES + 2 * n;
+        let linear_end = HEADER_BYTES + 2 * n;
+        let (net, want) = if version >= 2 && bytes.len() > linear_end {
+            let (net, len) = Net::parse(&bytes[linear_end..], spec)?;
+            (Some(net), linear_end + len)
+        } else if version >= 2 {
+            return Err(ModelError::Header("format 2 without its network"));
+        } else {
+            (None, linear_end)
+        };
         if bytes.len() != want {
             return Err(ModelError::Size {
                 got: bytes.len(),
                 want,
             });
         }
-        let weights = bytes[HEADER_BYTES..]
+        let weights = bytes[HEADER_BYTES..linear_end]
             .chunks_exact(2)
             .map(|c| i16::from_le_bytes([c[0], c[1]]))
             .collect();
@@ -192,6 +313,7 @@ impl Model {
             hold,
             warn,
             weights,
+            net,
             digest: hex::encode(Sha256::digest(bytes)),
         })
     }
@@ -219,44 +341,74 @@ impl Model {
     pub fn score(&self, text: &str) -> Option<WindowScore> {
         let mut scratch = Scratch::default();
         let mut best: Option<WindowScore> = None;
-        let mut prev: Option<(usize, usize, i64, u32)> = None;
+        let mut prev: Option<(usize, i64, Sums, u32)> = None;
         for (start, end) in segments(text) {
-            let (dot, n) = self.segment_sum(&text[start..end], &mut scratch);
+            let (dot, sums, n) = self.segment_sum(&text[start..end], &mut scratch);
             if n == 0 {
                 continue;
             }
-            let mut consider = |s: usize, e: usize, dot: i64, n: u32| {
-                let logit = self.logit(dot, n);
+            let mut consider = |s: usize, dot: i64, sums: &Sums, n: u32| {
+                let logit = self.logit(dot, sums, n);
                 if best.is_none_or(|b| logit > b.logit) {
                     best = Some(WindowScore {
                         start: s,
-                        end: e,
+                        end,
                         logit,
                     });
                 }
             };
-            consider(start, end, dot, n);
-            if let Some((ps, _, pdot, pn)) = prev {
-                consider(ps, end, pdot + dot, pn + n);
+            consider(start, dot, &sums, n);
+            if let Some((ps, pdot, psums, pn)) = prev {
+                let mut both = sums;
+                for (b, p) in both.iter_mut().zip(psums.iter()) {
+                    *b += p;
+                }
+                consider(ps, pdot + dot, &both, pn + n);
             }
-            prev = Some((start, end, dot, n));
+            prev = Some((start, dot, sums, n));
         }
         best
     }
 
-    fn logit(&self, dot: i64, n: u32) -> f64 {
-        self.bias + self.scale * (dot as f64 / f64::from(n).sqrt())
+    /// A window's logit from its linear dot product, its network sums and its n-gram count.
+    fn logit(&self, dot: i64, sums: &Sums, n: u32) -> f64 {
+        let linear = self.bias + self.scale * (dot as f64 / f64::from(n).sqrt());
+        match &self.net {
+            Some(net) => linear + net.logit(sums, n),
+            None => linear,
+        }
     }
 
-    fn segment_sum(&self, segment: &str, scratch: &mut Scratch) -> (i64, u32) {
+    /// A window's logit from its features as `for_each_window` gives them (training and tests).
+    pub fn window_logit(&self, w: &WindowFeatures<'_>) -> f64 {
         let mut dot = 0i64;
+        let mut sums: Sums = [0; MAX_HIDDEN];
+        for &(bucket, count) in w.entries {
+            dot += i64::from(count) * i64::from(self.weights[bucket as usize]);
+            if let Some(net) = &self.net {
+                net.add(&mut sums, bucket, count);
+            }
+        }
+        self.logit(dot, &sums, w.ngrams)
+    }
+
+    fn segment_sum(&self, segment: &str, scratch: &mut Scratch) -> (i64, Sums, u32) {
+        let mut dot = 0i64;
+        let mut sums: Sums = [0; MAX_HIDDEN];
         let mut n = 0u32;
         let weights = &self.weights;
-        for_each_feature(self.spec, segment, scratch, |bucket, sign| {
-            dot += i64::from(sign) * i64::from(weights[bucket as usize]);
-            n += 1;
-        });
-        (dot, n)
+        match &self.net {
+            Some(net) => for_each_feature(self.spec, segment, scratch, |bucket, sign| {
+                dot += i64::from(sign) * i64::from(weights[bucket as usize]);
+                net.add(&mut sums, bucket, sign);
+                n += 1;
+            }),
+            None => for_each_feature(self.spec, segment, scratch, |bucket, sign| {
+                dot += i64::from(sign) * i64::from(weights[bucket as usize]);
+                n += 1;
+            }),
+        }
+        (dot, sums, n)
     }
 }
 
@@ -512,6 +664,7 @@ mod tests {
             hold: 0.9,
             warn: 0.5,
             weights: weights.into_boxed_slice(),
+            net: None,
             digest: String::new(),
         }
     }
@@ -604,8 +757,7 @@ mod tests {
         let mut windows = 0;
         for_each_window(m.spec, text, |w| {
             windows += 1;
-            let dot: i64 = w.entries.iter().map(|&(_, s)| i64::from(s)).sum();
-            let logit = m.logit(dot, w.ngrams);
+            let logit = m.window_logit(&w);
             if best.is_none_or(|b| logit > b.0) {
                 best = Some((logit, w.start, w.end));
             }

@@ -4,6 +4,7 @@
 //!
 //! - [`request_filter`]: routing: pass-through, treated read ([`read`]) or governed write ([`write`])
 //! - [`body`]: reading a request body whole (cap, time bound, `Expect: 100-continue`)
+//! - [`head`]: the deadline for a whole request head, below Pingora's HTTP code
 //! - [`identity`]: tenant and source from config and headers, never from the body
 //! - [`judge`]: a request's records judged as one batch, receipts committed with journal rows
 //! - [`held`]: the exact single-record requests of held records
@@ -18,6 +19,7 @@
 
 pub mod answer;
 pub mod body;
+pub mod head;
 pub mod held;
 pub mod identity;
 pub mod judge;
@@ -58,50 +60,51 @@ fn idle_secs(state: &AppState) -> u64 {
         .max(1)
 }
 
-/// The proxy listener's connections, before Pingora's HTTP handling: at most
-/// `limits.max_client_connections` at once (one beyond is closed as soon as it is accepted), and a
-/// connection that sends nothing is closed after `limits.body_timeout_ms`. Pingora waits for a
-/// new connection's first bytes (looking for an h2c preface) without a time bound, so without
-/// this guard idle connections were held for ever and enough of them took every file
-/// descriptor of the process, the API's included.
+/// The proxy listener's connections, before Pingora's HTTP handling: admitted by
+/// [`crate::admission`] (a total and a per-client-address share), a connection that sends
+/// nothing is closed after `limits.body_timeout_ms`, and each request head must arrive whole
+/// within `limits.head_timeout_ms` ([`head::HeadDeadline`]). Pingora waits for a new
+/// connection's first bytes (looking for an h2c preface) without a time bound and bounds each
+/// read of a head rather than the head, so without this guard idle or trickling connections
+/// were held for ever and enough of them took every file descriptor of the process.
 pub struct Guarded {
     inner: Arc<pingora_proxy::HttpProxy<GateProxy>>,
     state: Arc<AppState>,
-    open: std::sync::atomic::AtomicUsize,
-}
-
-/// One open connection, counted until it is dropped.
-struct Slot<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
+    admission: Arc<crate::admission::Admission>,
 }
 
 #[async_trait]
 impl pingora_core::apps::ServerApp for Guarded {
     async fn process_new(
         self: &Arc<Self>,
-        mut stream: pingora_core::protocols::Stream,
+        stream: pingora_core::protocols::Stream,
         shutdown: &pingora_core::server::ShutdownWatch,
     ) -> Option<pingora_core::protocols::Stream> {
-        let (max, wait) = {
+        let (max, per_client, wait, head) = {
             let rt = self.state.runtime();
             let l = &rt.config.limits;
             (
                 l.max_client_connections,
+                l.max_connections_per_client,
                 std::time::Duration::from_millis(l.body_timeout_ms),
+                std::time::Duration::from_millis(l.head_timeout_ms),
             )
         };
-        let open = self.open.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
-        let _slot = Slot(&self.open);
-        if open > max {
-            crate::metrics::CONNECTIONS_REFUSED
-                .with_label_values(&["proxy"])
-                .inc();
-            return None;
-        }
+        // Pingora calls this again for each request of a kept-alive connection, so the
+        // connection is counted while it waits for each request and while it is served.
+        let _admitted = match self
+            .admission
+            .admit(head::peer_ip(&stream), max, per_client)
+        {
+            Ok(a) => a,
+            Err(why) => {
+                crate::metrics::CONNECTIONS_REFUSED
+                    .with_label_values(&["proxy", why.label()])
+                    .inc();
+                return None;
+            }
+        };
+        let mut stream = head::HeadDeadline::arm(stream, head);
         let mut first = [0u8; 1];
         let mut stop = shutdown.clone();
         tokio::select! {
@@ -319,7 +322,7 @@ pub fn run(
             let app = Guarded {
                 inner: Arc::new(proxy),
                 state,
-                open: std::sync::atomic::AtomicUsize::new(0),
+                admission: crate::admission::Admission::new(),
             };
             let mut svc = pingora_core::services::listening::Service::new(
                 "Pingora HTTP Proxy Service".to_string(),
