@@ -15,9 +15,11 @@
 //! weights; a window's rows, signed and summed exactly in `i32`, scaled by `1/sqrt(n)` as the
 //! linear sum is, plus a bias, go through a ReLU, and the hidden units' weighted sum is the
 //! network's logit. The two models err on different windows; together they rank injections
-//! above clean text better than either (docs/detectors.md gives the measurement). A pair of
-//! segments sums its two segments' integer rows, so the network costs one pass over the
-//! features, like the linear model. Its floating-point steps are taken in a fixed order, each
+//! above clean text better than either (docs/detectors.md gives the measurement). The network
+//! is consulted only for a window whose linear logit reaches the model's gate (set in training
+//! where a tenth of clean windows lie above it): most windows of ordinary text stop at the
+//! linear model, so the kernel's cost stays close to it. A pair of segments sums its two
+//! segments' integer rows. The network's floating-point steps are taken in a fixed order, each
 //! correctly rounded, so the logit stays the same bits everywhere.
 //!
 //! The same feature code serves training (`detector-lab featurize`), so what the trainer fits
@@ -26,8 +28,8 @@
 //! character n-gram, `u32` largest word n-gram, `f64` bias, `f64` scale, `f64` hold and warn
 //! thresholds (the calibrated defaults a policy uses unless it sets its own), then `2^bits`
 //! `i16` weights. Format 2 goes on with the network: `u32` bucket bits (at most the hash bits),
-//! `u32` hidden units (1 to 64), `f64` row scale, `hidden` `f64` biases, `hidden` `f64` output
-//! weights, then `2^bucket_bits * hidden` `i8` weights, row by row.
+//! `u32` hidden units (1 to 64), `f64` row scale, `f64` gate, `hidden` `f64` biases, `hidden`
+//! `f64` output weights, then `2^bucket_bits * hidden` `i8` weights, row by row.
 
 use sha2::{Digest, Sha256};
 use std::sync::{Arc, LazyLock};
@@ -39,8 +41,8 @@ const MAGIC: &[u8; 4] = b"SGIM";
 /// The newest format this build reads (it reads every older one).
 const FORMAT_VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4 + 4 * 5 + 8 * 4;
-/// The network section's fixed part: bucket bits, hidden units, row scale.
-const NET_HEADER_BYTES: usize = 4 + 4 + 8;
+/// The network section's fixed part: bucket bits, hidden units, row scale, gate.
+const NET_HEADER_BYTES: usize = 4 + 4 + 8 + 8;
 /// Most hidden units a network may have (its sums live on the stack).
 const MAX_HIDDEN: usize = 64;
 
@@ -115,6 +117,8 @@ struct Net {
     mask: u32,
     hidden: usize,
     row_scale: f64,
+    /// The linear part of a window's logit from which the network is consulted.
+    gate: f64,
     bias: Box<[f64]>,
     out: Box<[f64]>,
     /// `2^bits` rows of `hidden` weights.
@@ -151,7 +155,7 @@ impl Net {
         if !(1..=MAX_HIDDEN).contains(&hidden) {
             return Err(ModelError::Header("network hidden units outside 1..=64"));
         }
-        let row_scale = f64s(8, 1)[0];
+        let (row_scale, gate) = (f64s(8, 1)[0], f64s(16, 1)[0]);
         let rows_at = NET_HEADER_BYTES + 16 * hidden;
         let len = rows_at + (1usize << bits) * hidden;
         need(len)?;
@@ -159,6 +163,7 @@ impl Net {
         let out = f64s(NET_HEADER_BYTES + 8 * hidden, hidden);
         if !row_scale.is_finite()
             || row_scale < 0.0
+            || !gate.is_finite()
             || !bias.iter().chain(out.iter()).all(|v| v.is_finite())
         {
             return Err(ModelError::Header("network weights not finite"));
@@ -169,6 +174,7 @@ impl Net {
                 mask: (1u32 << bits) - 1,
                 hidden,
                 row_scale,
+                gate,
                 bias,
                 out,
                 rows,
@@ -186,6 +192,15 @@ impl Net {
         for (s, &w) in sums[..h].iter_mut().zip(row) {
             *s += sign * i32::from(w);
         }
+    }
+
+    /// A segment's sums: its features read again, each adding its row.
+    fn segment_sums(&self, spec: FeatureSpec, segment: &str, scratch: &mut Scratch) -> Sums {
+        let mut sums: Sums = [0; MAX_HIDDEN];
+        for_each_feature(spec, segment, scratch, |bucket, sign| {
+            self.add(&mut sums, bucket, sign)
+        });
+        sums
     }
 
     /// The network's logit for a window whose sums are `sums` over `n` n-grams: the hidden
@@ -340,15 +355,42 @@ impl Model {
     /// The highest-scoring window of `text`, or `None` for text with no window.
     pub fn score(&self, text: &str) -> Option<WindowScore> {
         let mut scratch = Scratch::default();
-        let mut best: Option<WindowScore> = None;
-        let mut prev: Option<(usize, i64, Sums, u32)> = None;
+        // Each segment's linear sum first; a segment's network sums only if a window it is
+        // part of passes the gate.
+        let mut segs: Vec<(usize, usize, i64, u32)> = Vec::new();
         for (start, end) in segments(text) {
-            let (dot, sums, n) = self.segment_sum(&text[start..end], &mut scratch);
-            if n == 0 {
-                continue;
+            let (dot, n) = self.linear_sum(&text[start..end], &mut scratch);
+            if n > 0 {
+                segs.push((start, end, dot, n));
             }
-            let mut consider = |s: usize, dot: i64, sums: &Sums, n: u32| {
-                let logit = self.logit(dot, sums, n);
+        }
+        let mut sums: Vec<Option<Sums>> = vec![None; segs.len()];
+        let mut sums_of = |i: usize, scratch: &mut Scratch, net: &Net| -> Sums {
+            *sums[i].get_or_insert_with(|| {
+                let (s, e, _, _) = segs[i];
+                net.segment_sums(self.spec, &text[s..e], scratch)
+            })
+        };
+        let mut best: Option<WindowScore> = None;
+        for i in 0..segs.len() {
+            let (start, end, dot, n) = segs[i];
+            // The segment alone, then with the one before it.
+            let pair = i.checked_sub(1).map(|p| {
+                let (ps, _, pdot, pn) = segs[p];
+                (p, ps, pdot + dot, pn + n)
+            });
+            for (first, s, dot, n) in std::iter::once((i, start, dot, n)).chain(pair) {
+                let mut logit = self.linear_logit(dot, n);
+                if let Some(net) = self.net.as_ref().filter(|net| logit >= net.gate) {
+                    let mut window = sums_of(i, &mut scratch, net);
+                    if first < i {
+                        let before = sums_of(first, &mut scratch, net);
+                        for (w, b) in window.iter_mut().zip(before.iter()) {
+                            *w += b;
+                        }
+                    }
+                    logit += net.logit(&window, n);
+                }
                 if best.is_none_or(|b| logit > b.logit) {
                     best = Some(WindowScore {
                         start: s,
@@ -356,59 +398,46 @@ impl Model {
                         logit,
                     });
                 }
-            };
-            consider(start, dot, &sums, n);
-            if let Some((ps, pdot, psums, pn)) = prev {
-                let mut both = sums;
-                for (b, p) in both.iter_mut().zip(psums.iter()) {
-                    *b += p;
-                }
-                consider(ps, pdot + dot, &both, pn + n);
             }
-            prev = Some((start, dot, sums, n));
         }
         best
     }
 
-    /// A window's logit from its linear dot product, its network sums and its n-gram count.
-    fn logit(&self, dot: i64, sums: &Sums, n: u32) -> f64 {
-        let linear = self.bias + self.scale * (dot as f64 / f64::from(n).sqrt());
-        match &self.net {
-            Some(net) => linear + net.logit(sums, n),
+    /// The linear part of a window's logit.
+    fn linear_logit(&self, dot: i64, n: u32) -> f64 {
+        self.bias + self.scale * (dot as f64 / f64::from(n).sqrt())
+    }
+
+    /// A window's logit from its features as `for_each_window` gives them (training and
+    /// tests): the same steps as [`Model::score`].
+    pub fn window_logit(&self, w: &WindowFeatures<'_>) -> f64 {
+        let dot: i64 = w
+            .entries
+            .iter()
+            .map(|&(bucket, count)| i64::from(count) * i64::from(self.weights[bucket as usize]))
+            .sum();
+        let linear = self.linear_logit(dot, w.ngrams);
+        match self.net.as_ref().filter(|net| linear >= net.gate) {
+            Some(net) => {
+                let mut sums: Sums = [0; MAX_HIDDEN];
+                for &(bucket, count) in w.entries {
+                    net.add(&mut sums, bucket, count);
+                }
+                linear + net.logit(&sums, w.ngrams)
+            }
             None => linear,
         }
     }
 
-    /// A window's logit from its features as `for_each_window` gives them (training and tests).
-    pub fn window_logit(&self, w: &WindowFeatures<'_>) -> f64 {
+    fn linear_sum(&self, segment: &str, scratch: &mut Scratch) -> (i64, u32) {
         let mut dot = 0i64;
-        let mut sums: Sums = [0; MAX_HIDDEN];
-        for &(bucket, count) in w.entries {
-            dot += i64::from(count) * i64::from(self.weights[bucket as usize]);
-            if let Some(net) = &self.net {
-                net.add(&mut sums, bucket, count);
-            }
-        }
-        self.logit(dot, &sums, w.ngrams)
-    }
-
-    fn segment_sum(&self, segment: &str, scratch: &mut Scratch) -> (i64, Sums, u32) {
-        let mut dot = 0i64;
-        let mut sums: Sums = [0; MAX_HIDDEN];
         let mut n = 0u32;
         let weights = &self.weights;
-        match &self.net {
-            Some(net) => for_each_feature(self.spec, segment, scratch, |bucket, sign| {
-                dot += i64::from(sign) * i64::from(weights[bucket as usize]);
-                net.add(&mut sums, bucket, sign);
-                n += 1;
-            }),
-            None => for_each_feature(self.spec, segment, scratch, |bucket, sign| {
-                dot += i64::from(sign) * i64::from(weights[bucket as usize]);
-                n += 1;
-            }),
-        }
-        (dot, sums, n)
+        for_each_feature(self.spec, segment, scratch, |bucket, sign| {
+            dot += i64::from(sign) * i64::from(weights[bucket as usize]);
+            n += 1;
+        });
+        (dot, n)
     }
 }
 
@@ -669,6 +698,105 @@ mod tests {
         }
     }
 
+    /// A format-2 file: linear weights of 1 over 2^10 buckets, and a network of `hidden` units
+    /// over 2^8 rows, row `r`'s unit `j` weighing `(r + j) % 7 - 3`.
+    fn net_model_bytes(gate: f64, hidden: u32) -> Vec<u8> {
+        let mut b = b"SGIM".to_vec();
+        for v in [2u32, 10, 3, 6, 3] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [-1.0f64, 1.0, 0.9, 0.5] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        for _ in 0..1 << 10 {
+            b.extend_from_slice(&1i16.to_le_bytes());
+        }
+        b.extend_from_slice(&8u32.to_le_bytes());
+        b.extend_from_slice(&hidden.to_le_bytes());
+        b.extend_from_slice(&0.25f64.to_le_bytes());
+        b.extend_from_slice(&gate.to_le_bytes());
+        for j in 0..hidden {
+            b.extend_from_slice(&(0.1 * f64::from(j)).to_le_bytes());
+        }
+        for j in 0..hidden {
+            b.extend_from_slice(&(if j % 2 == 0 { 0.3f64 } else { -0.2 }).to_le_bytes());
+        }
+        for r in 0..256u32 {
+            for j in 0..hidden {
+                b.push((((r + j) % 7) as u8).wrapping_sub(3));
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn a_network_adds_to_windows_past_its_gate_only() {
+        let text = "A first sentence of some length here. A second sentence, somewhat longer than the first.\nNote:\nthird line with a label before it";
+        let open = Model::from_bytes(&net_model_bytes(f64::MIN, 5)).expect("format 2");
+        let shut = Model::from_bytes(&net_model_bytes(f64::MAX, 5)).expect("format 2");
+        let linear = model_with(-1.0, vec![1; 1 << 10]);
+        let (mut differ, mut windows) = (0, 0);
+        for_each_window(open.spec, text, |w| {
+            windows += 1;
+            let l = linear.window_logit(&w);
+            assert_eq!(
+                shut.window_logit(&w).to_bits(),
+                l.to_bits(),
+                "below the gate: linear"
+            );
+            differ += usize::from(open.window_logit(&w).to_bits() != l.to_bits());
+        });
+        assert_eq!(windows, 5);
+        assert!(differ > 0, "past the gate the network moves the logit");
+        // The kernel's path (segment sums, pairs added) gives the training path's bits.
+        for m in [&open, &shut] {
+            let mut best: Option<(f64, usize, usize)> = None;
+            for_each_window(m.spec, text, |w| {
+                let l = m.window_logit(&w);
+                if best.is_none_or(|b| l > b.0) {
+                    best = Some((l, w.start, w.end));
+                }
+            });
+            let (l, s, e) = best.expect("windows");
+            let scored = m.score(text).expect("a window");
+            assert_eq!(scored.logit.to_bits(), l.to_bits());
+            assert_eq!((scored.start, scored.end), (s, e));
+        }
+        assert_ne!(open.digest(), shut.digest());
+    }
+
+    #[test]
+    fn bad_networks_are_refused() {
+        let header = |e| matches!(e, Err(ModelError::Header(_)));
+        assert!(
+            header(Model::from_bytes(&net_model_bytes(0.0, 0))),
+            "no hidden unit"
+        );
+        assert!(
+            header(Model::from_bytes(&net_model_bytes(0.0, 65))),
+            "too many units"
+        );
+        assert!(
+            header(Model::from_bytes(&net_model_bytes(f64::NAN, 4))),
+            "gate not finite"
+        );
+        let mut b = net_model_bytes(0.0, 4);
+        let at = HEADER_BYTES + 2 * (1 << 10);
+        b[at..at + 4].copy_from_slice(&11u32.to_le_bytes());
+        assert!(
+            header(Model::from_bytes(&b)),
+            "more bucket bits than the hash has"
+        );
+        let linear_only = &net_model_bytes(0.0, 4)[..at];
+        assert!(
+            header(Model::from_bytes(linear_only)),
+            "format 2 without its network"
+        );
+        let mut v1 = linear_only.to_vec();
+        v1[4] = 1;
+        assert!(Model::from_bytes(&v1).is_ok(), "format 1 still reads");
+    }
+
     #[test]
     fn builtin_model_loads() {
         let m = Model::builtin().expect("the shipped model file loads");
@@ -683,11 +811,14 @@ mod tests {
         b[4] = 9;
         assert_eq!(Model::from_bytes(&b).unwrap_err(), ModelError::Version(9));
         let mut b = BUILTIN_MODEL.to_vec();
-        b.pop();
+        b.push(0);
         assert!(matches!(
             Model::from_bytes(&b),
             Err(ModelError::Size { .. })
         ));
+        let mut b = BUILTIN_MODEL.to_vec();
+        b.pop();
+        assert!(Model::from_bytes(&b).is_err(), "a file cut short");
         let mut b = BUILTIN_MODEL.to_vec();
         b[8] = 40;
         assert!(matches!(Model::from_bytes(&b), Err(ModelError::Header(_))));
