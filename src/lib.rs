@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod operations;
 pub mod proxy;
 pub mod receipts;
+pub mod seal;
 pub mod server;
 pub mod state;
 pub mod store;

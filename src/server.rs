@@ -112,6 +112,9 @@ pub async fn serve(path: &Path) -> Result<(), String> {
     let proxy_thread = crate::proxy::run(state.clone(), shutdown_rx.clone());
     crate::workers::spawn(state.clone(), shutdown_rx.clone());
     config::reload::spawn(state.clone(), shutdown_rx.clone());
+    if !rt.sealer.seals() {
+        tracing::warn!("held writes keep the store credentials they were sent with unsealed in the database; set storage.credentials_key_file to seal them");
+    }
     tracing::info!(api = %rt.config.listeners.api, proxy = %rt.config.listeners.proxy, metrics = %rt.config.listeners.metrics, storage = state.store.dialect().name, version = %rt.version, "substrate-gate serving");
 
     wait_for_stop_signal().await;

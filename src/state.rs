@@ -54,6 +54,8 @@ pub struct Runtime {
     pub routes: Arc<RouteTable>,
     pub base_dir: PathBuf,
     pub files: Vec<PathBuf>,
+    /// Seals the store credentials kept in the database (`storage.credentials_key_file`).
+    pub sealer: Arc<crate::seal::Sealer>,
 }
 
 /// Compiles filter packs into one route table; errors carry file and line.
@@ -118,6 +120,13 @@ impl Runtime {
             }
             hex::encode(h.finalize())[..12].to_string()
         };
+        let sealer = match &config.storage.credentials_key_file {
+            Some(f) => Arc::new(
+                crate::seal::Sealer::from_key_file(&loaded.base_dir.join(f))
+                    .map_err(|e| format!("storage.credentials_key_file: {e}"))?,
+            ),
+            None => Arc::new(crate::seal::Sealer::plain()),
+        };
         Ok(Runtime {
             config,
             version,
@@ -126,6 +135,7 @@ impl Runtime {
             routes,
             base_dir: loaded.base_dir,
             files: loaded.files,
+            sealer,
         })
     }
 

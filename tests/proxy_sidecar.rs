@@ -1043,6 +1043,92 @@ async fn settled_writes_keep_no_credential_at_rest() {
     }
 }
 
+/// With `storage.credentials_key_file`, the store credentials a held write keeps for its
+/// release are sealed in the database (no plaintext while it is held, nothing once it is
+/// released), and the release still presents them to the store.
+#[tokio::test]
+async fn held_writes_keep_their_credentials_sealed() {
+    use base64::Engine as _;
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("credentials.key");
+    std::fs::write(
+        &key_file,
+        base64::engine::general_purpose::STANDARD.encode([42u8; 32]),
+    )
+    .unwrap();
+    for b in backends() {
+        let up = Upstream::start(memory_store).await;
+        let g = gate_for(b, &up, |o| {
+            o.storage_extra = format!(
+                "credentials_key_file = {:?}",
+                key_file.display().to_string()
+            );
+        })
+        .await;
+        let secret = "sk-store-credential-held-91c2";
+        let r = g
+            .client
+            .post(format!("{}/memories", g.proxy))
+            .header("authorization", format!("Bearer {secret}"))
+            .header("x-chroma-token", secret)
+            .json(&json!({"id": "h1", "text": HELD_ORDER}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202, "{b:?}");
+        let leaks = format!(
+            "SELECT (SELECT COUNT(*) FROM quarantine WHERE headers LIKE '%{secret}%') + \
+             (SELECT COUNT(*) FROM proxy_dispatches WHERE upstream_headers LIKE '%{secret}%')"
+        );
+        assert_eq!(
+            g.count(&leaks).await,
+            0,
+            "{b:?}: a held write's credentials in plaintext"
+        );
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM quarantine WHERE headers LIKE '%sealed:v1:%'")
+                .await,
+            1,
+            "{b:?}: the held write keeps its credentials, sealed"
+        );
+        let (s, list) = g.get(DEMO_KEY, "/substrate/quarantine").await;
+        assert_eq!(s, 200);
+        let entry = &list["entries"][0];
+        let shown = entry["request"]["headers"].to_string();
+        assert!(
+            !shown.contains(secret) && !shown.contains("sealed:v1:"),
+            "{shown}"
+        );
+        let qid = entry["id"].as_str().unwrap().to_string();
+        let (s, v) = g
+            .post(
+                DEMO_KEY,
+                &format!("/substrate/quarantine/{qid}/release"),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(s, 201, "{b:?}: {v}");
+        let sent = up.requests("POST", "/memories");
+        let last = sent.last().expect("the release reached the store");
+        assert_eq!(
+            last.header("authorization").as_deref(),
+            Some(format!("Bearer {secret}").as_str())
+        );
+        assert_eq!(last.header("x-chroma-token").as_deref(), Some(secret));
+        assert_eq!(
+            g.count(&leaks).await,
+            0,
+            "{b:?}: credentials after the release"
+        );
+        assert_eq!(
+            g.count("SELECT COUNT(*) FROM quarantine WHERE headers LIKE '%sealed:v1:%'")
+                .await,
+            0,
+            "{b:?}: a released write keeps no credential, sealed or not"
+        );
+    }
+}
+
 /// A record id with a DEL (0x7f) or another control character is one the store accepts: the
 /// answer of a batch that landed says so (the per-record header escapes the id), not 502.
 #[tokio::test]

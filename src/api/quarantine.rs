@@ -139,8 +139,6 @@ pub struct QuarantineRejectResponse {
     pub receipt_id: Uuid,
 }
 
-const CREDENTIALS: &[&str] = &["authorization", "x-api-key", "api-key", "x-chroma-token"];
-
 fn corrupt(what: &str) -> ApiError {
     ApiError::unavailable(format!("stored quarantine {what} is corrupt"))
 }
@@ -151,7 +149,7 @@ pub fn entry_of(r: QuarantineRow) -> Result<QuarantineEntry, ApiError> {
         .map_err(|_| corrupt("headers"))?
         .into_iter()
         .map(|(n, v)| {
-            if CREDENTIALS.contains(&n.to_ascii_lowercase().as_str()) {
+            if crate::seal::is_credential(&n) {
                 (n, "[redacted]".to_string())
             } else {
                 (n, v)

@@ -105,6 +105,11 @@ pub struct StorageConfig {
     /// (a Kubernetes Secret), so no database password sits in a ConfigMap.
     #[serde(default)]
     pub url_env: Option<String>,
+    /// A file holding the key (32 bytes, base64) that seals the store credentials kept in the
+    /// database (held writes, journaled writes); relative to the config file. Without it they
+    /// are kept as sent. Read at start and on reload; see `crate::seal`.
+    #[serde(default)]
+    pub credentials_key_file: Option<String>,
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
     /// SQLite `synchronous`: `normal` survives a process crash (WAL), `full` also a power loss.
@@ -121,6 +126,7 @@ impl Default for StorageConfig {
         StorageConfig {
             url: default_storage_url(),
             url_env: None,
+            credentials_key_file: None,
             max_connections: default_max_connections(),
             sqlite_synchronous: default_sqlite_sync(),
             memory_basis_traces: default_memory_basis_traces(),

@@ -136,10 +136,10 @@ pub fn source_of(cfg: &ProxyConfig, headers: &HeaderMap) -> Source {
     }
 }
 
-/// The credential headers of a request, kept with journaled writes so a start-up readback
-/// can present them to the upstream again.
-pub fn credential_headers(headers: &HeaderMap) -> Option<String> {
-    let pairs: Vec<(String, String)> = ["authorization", "x-api-key", "api-key", "x-chroma-token"]
+/// The credential headers of a request, kept (sealed, see [`crate::seal`]) with journaled
+/// writes so a start-up readback can present them to the upstream again.
+pub fn credential_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    crate::seal::CREDENTIAL_HEADERS
         .iter()
         .flat_map(|n| {
             headers
@@ -148,8 +148,18 @@ pub fn credential_headers(headers: &HeaderMap) -> Option<String> {
                 .filter_map(|v| v.to_str().ok())
                 .map(|v| (n.to_string(), v.to_string()))
         })
-        .collect();
-    (!pairs.is_empty()).then(|| serde_json::to_string(&pairs).unwrap_or_default())
+        .collect()
+}
+
+/// The journal's `upstream_headers` of the row `row`: the credentials, sealed, or nothing.
+pub fn journal_credentials(
+    sealer: &crate::seal::Sealer,
+    creds: &[(String, String)],
+    row: Uuid,
+) -> Option<String> {
+    (!creds.is_empty()).then(|| {
+        serde_json::to_string(&sealer.seal_credentials(creds, &row.to_string())).unwrap_or_default()
+    })
 }
 
 #[cfg(test)]

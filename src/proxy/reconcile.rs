@@ -227,6 +227,15 @@ async fn check(state: &AppState, row: &DispatchRow) -> Option<bool> {
         .as_deref()
         .and_then(|h| serde_json::from_str(h).ok())
         .unwrap_or_default();
+    // Credentials that do not open (another key) are not sent: the read-back goes without
+    // them, and a store that needs them leaves the write's outcome unknown.
+    let creds = rt
+        .sealer
+        .open_credentials(creds, &row.id)
+        .unwrap_or_else(|e| {
+            tracing::warn!(dispatch = %row.id, error = %e, "journaled credentials do not open");
+            Vec::new()
+        });
     let mut headers: Vec<(http::HeaderName, http::HeaderValue)> = creds
         .iter()
         .filter_map(|(n, v)| {

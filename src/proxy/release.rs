@@ -241,18 +241,21 @@ pub async fn release(
         reason,
     )?;
     let headers: Vec<(String, String)> = serde_json::from_str(&row.headers).unwrap_or_default();
+    let headers = rt.sealer.open_credentials(headers, &row.id).map_err(|e| {
+        tracing::warn!(quarantine = %row.id, error = %e, "held write's credentials do not open");
+        ApiError::unavailable(format!(
+            "the held write's stored credentials cannot be used: {e}"
+        ))
+    })?;
     let params: Vec<(String, String)> = serde_json::from_str(&row.params).unwrap_or_default();
-    let creds: Vec<&(String, String)> = headers
+    let creds: Vec<(String, String)> = headers
         .iter()
-        .filter(|(n, _)| {
-            matches!(
-                n.as_str(),
-                "authorization" | "x-api-key" | "api-key" | "x-chroma-token"
-            )
-        })
+        .filter(|(n, _)| crate::seal::is_credential(n))
+        .cloned()
         .collect();
+    let journal_id = crate::store::new_id();
     let journal = DispatchWrite {
-        id: crate::store::new_id(),
+        id: journal_id,
         tenant: principal.tenant,
         request_id: id,
         instance_id: *INSTANCE_ID,
@@ -269,8 +272,7 @@ pub async fn release(
         params,
         collection: row.collection.clone(),
         record_id: row.record_id.clone(),
-        upstream_headers: (!creds.is_empty())
-            .then(|| serde_json::to_string(&creds).unwrap_or_default()),
+        upstream_headers: super::identity::journal_credentials(&rt.sealer, &creds, journal_id),
     };
     let extra = vec![
         quarantine_transition(

@@ -359,20 +359,23 @@ pub async fn handle(
             .iter()
             .zip(&judged)
             .filter(|(o, _)| o.action.forwards())
-            .map(|(o, j)| DispatchWrite {
-                id: crate::store::new_id(),
-                tenant,
-                request_id,
-                instance_id: *INSTANCE_ID,
-                receipt_id: o.receipt,
-                trace_id: j.input.signal.trace_id,
-                pack: route.pack.clone(),
-                route: route.name.clone(),
-                kind: route.kind.as_str().to_string(),
-                params: params.clone(),
-                collection: collection.clone(),
-                record_id: o.id.clone(),
-                upstream_headers: creds.clone(),
+            .map(|(o, j)| {
+                let id = crate::store::new_id();
+                DispatchWrite {
+                    id,
+                    tenant,
+                    request_id,
+                    instance_id: *INSTANCE_ID,
+                    receipt_id: o.receipt,
+                    trace_id: j.input.signal.trace_id,
+                    pack: route.pack.clone(),
+                    route: route.name.clone(),
+                    kind: route.kind.as_str().to_string(),
+                    params: params.clone(),
+                    collection: collection.clone(),
+                    record_id: o.id.clone(),
+                    upstream_headers: identity::journal_credentials(&rt.sealer, &creds, id),
+                }
             })
             .collect();
         if !rows.is_empty() {
@@ -389,26 +392,29 @@ pub async fn handle(
             .zip(&judged)
             .filter(|(o, _)| o.action == Action::Held)
             .zip(held_bodies)
-            .map(|((o, j), b)| QuarantineWrite {
-                id: o.quarantine.unwrap_or_else(Uuid::new_v4),
-                tenant,
-                decision: o.decision.as_str().into(),
-                reason_codes: o.reasons.clone(),
-                receipt_id: o.receipt,
-                signal_id: j.input.signal.id,
-                trace_id: j.input.signal.trace_id,
-                obstruction_id: o.obstruction,
-                source_id: source.source_id.clone(),
-                pack: route.pack.clone(),
-                route: route.name.clone(),
-                params: params.clone(),
-                collection: collection.clone(),
-                record_id: o.id.clone(),
-                record_index: o.index,
-                method: req.method.as_str().to_string(),
-                path: path.clone(),
-                headers: headers.clone(),
-                body: String::from_utf8_lossy(&route.serialize_body(&b)).into_owned(),
+            .map(|((o, j), b)| {
+                let id = o.quarantine.unwrap_or_else(Uuid::new_v4);
+                QuarantineWrite {
+                    id,
+                    tenant,
+                    decision: o.decision.as_str().into(),
+                    reason_codes: o.reasons.clone(),
+                    receipt_id: o.receipt,
+                    signal_id: j.input.signal.id,
+                    trace_id: j.input.signal.trace_id,
+                    obstruction_id: o.obstruction,
+                    source_id: source.source_id.clone(),
+                    pack: route.pack.clone(),
+                    route: route.name.clone(),
+                    params: params.clone(),
+                    collection: collection.clone(),
+                    record_id: o.id.clone(),
+                    record_index: o.index,
+                    method: req.method.as_str().to_string(),
+                    path: path.clone(),
+                    headers: rt.sealer.seal_credentials(&headers, &id.to_string()),
+                    body: String::from_utf8_lossy(&route.serialize_body(&b)).into_owned(),
+                }
             })
             .collect();
         extra.push(quarantine_rows(&rows));
