@@ -20,6 +20,18 @@ use uuid::Uuid;
 /// How many recent receipts of a source make up its record (as the API's evaluations use).
 const SOURCE_WINDOW: i64 = 20;
 
+/// Records are judged this many at a time, the task yielding between chunks, so one large
+/// batch shares the proxy's threads with the small writes beside it instead of holding one for
+/// its whole length.
+const JUDGE_CHUNK: usize = 32;
+
+/// Records being judged at once, over every request of the process. Tokio's semaphore serves
+/// waiters in order, so a small write waits for at most one chunk of each batch ahead of it.
+const RECORDS_IN_FLIGHT: usize = 256;
+
+static JUDGING: std::sync::LazyLock<tokio::sync::Semaphore> =
+    std::sync::LazyLock::new(|| tokio::sync::Semaphore::new(RECORDS_IN_FLIGHT));
+
 /// One record's decision, before its receipt is committed.
 pub struct Judged {
     pub input: KernelInput,
@@ -74,53 +86,76 @@ pub async fn judge(
         }
     }
     let mut out = Vec::with_capacity(signals.len());
-    for signal in signals {
-        let stored = traces.get(&signal.trace_id).copied();
-        let (phase, influence) = match traces.get(&signal.trace_id) {
-            Some((TracePhase::Tombstoned, _)) | None => (None, AllowedInfluence::None),
-            Some((p, i)) => (Some(*p), *i),
-        };
-        let (recent, refused) = history.get(&signal.source_id).copied().unwrap_or((0, 0));
-        let input = KernelInput {
-            basis: StateBasis {
-                trace_id: signal.trace_id,
-                phase,
-                influence,
-                source_recent: recent,
-                source_refused: refused,
-            },
-            signal,
-            profile: policy.profile,
-            mode,
-            equation_bundles: Vec::new(),
-        };
-        // The kernel is pure and total; a panic in it is a fault of this build, and the write
-        // it was judging must not go through unjudged.
-        let output = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            state.cache.evaluate(&input, policy)
-        }))
-        .map_err(|p| {
-            JudgeError::Kernel(
-                p.downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "kernel panicked".into()),
-            )
-        })?;
-        crate::metrics::DECISIONS
-            .with_label_values(&[
-                output.decision.as_str(),
-                input.signal.target_substrate.as_str(),
-            ])
-            .inc();
-        out.push(Judged {
-            input,
-            output,
-            receipt_id: crate::store::new_id(),
-            stored,
-        });
+    let mut signals = signals.into_iter().peekable();
+    while signals.peek().is_some() {
+        let chunk: Vec<NormalizedSignal> = signals.by_ref().take(JUDGE_CHUNK).collect();
+        // The semaphore is never closed; JUDGE_CHUNK is below its permits.
+        let permit = JUDGING
+            .acquire_many(chunk.len() as u32)
+            .await
+            .map_err(|_| JudgeError::Kernel("judging stopped".into()))?;
+        for signal in chunk {
+            out.push(judge_one(state, policy, mode, &traces, &history, signal)?);
+        }
+        drop(permit);
+        tokio::task::yield_now().await;
     }
     Ok(out)
+}
+
+/// One record through the cached kernel.
+fn judge_one(
+    state: &AppState,
+    policy: &Arc<CompiledPolicy>,
+    mode: EvaluationMode,
+    traces: &HashMap<Uuid, (TracePhase, AllowedInfluence)>,
+    history: &HashMap<String, (u32, u32)>,
+    signal: NormalizedSignal,
+) -> Result<Judged, JudgeError> {
+    let stored = traces.get(&signal.trace_id).copied();
+    let (phase, influence) = match traces.get(&signal.trace_id) {
+        Some((TracePhase::Tombstoned, _)) | None => (None, AllowedInfluence::None),
+        Some((p, i)) => (Some(*p), *i),
+    };
+    let (recent, refused) = history.get(&signal.source_id).copied().unwrap_or((0, 0));
+    let input = KernelInput {
+        basis: StateBasis {
+            trace_id: signal.trace_id,
+            phase,
+            influence,
+            source_recent: recent,
+            source_refused: refused,
+        },
+        signal,
+        profile: policy.profile,
+        mode,
+        equation_bundles: Vec::new(),
+    };
+    // The kernel is pure and total; a panic in it is a fault of this build, and the write
+    // it was judging must not go through unjudged.
+    let output = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        state.cache.evaluate(&input, policy)
+    }))
+    .map_err(|p| {
+        JudgeError::Kernel(
+            p.downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "kernel panicked".into()),
+        )
+    })?;
+    crate::metrics::DECISIONS
+        .with_label_values(&[
+            output.decision.as_str(),
+            input.signal.target_substrate.as_str(),
+        ])
+        .inc();
+    Ok(Judged {
+        input,
+        output,
+        receipt_id: crate::store::new_id(),
+        stored,
+    })
 }
 
 /// Whether a decision refuses the write (it counts against the source's record).
