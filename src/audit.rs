@@ -1,6 +1,7 @@
 //! Audit: walking a tenant's receipt chain in the store, exporting it as
 //! JSON Lines, and verifying an export offline (no database needed).
 
+use crate::checkpoint::{Checkpoint, Signer, Verifier};
 use crate::receipts::{verify_links, BrokenLink, ChainLink, GENESIS_HASH};
 use crate::store::{ReceiptRow, Store};
 use serde::{Deserialize, Serialize};
@@ -113,6 +114,73 @@ pub async fn verify_tenant(store: &Store, tenant: Uuid) -> Result<ChainReport, S
             }
         }
     }
+}
+
+/// Signs the chain head of `tenant` now and keeps the checkpoint; `None` when the tenant has no
+/// receipt yet. A head already checkpointed gives the same checkpoint back.
+pub async fn checkpoint_now(
+    store: &Store,
+    signer: &Signer,
+    tenant: Uuid,
+) -> Result<Option<String>, String> {
+    let Some((seq, hash)) = store
+        .receipt_head(tenant)
+        .await
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    if let Some((last, note)) = store
+        .latest_checkpoint(tenant)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        if last == seq {
+            return Ok(Some(note));
+        }
+    }
+    let note = signer.sign(&Checkpoint { tenant, seq, hash });
+    store
+        .insert_checkpoint(tenant, seq, &note)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Some(note))
+}
+
+/// Checks the store's chain against a checkpoint kept elsewhere: signed by `verifier`, its
+/// tenant's chain must hold the checkpoint's hash at its sequence and verify from the genesis
+/// through it to the head (so a rewrite or a truncation of what it covers is caught).
+pub async fn verify_checkpoint(
+    store: &Store,
+    verifier: &Verifier,
+    note: &str,
+) -> Result<ChainReport, String> {
+    let c = verifier.open(note)?;
+    let mut report = verify_tenant(store, c.tenant).await?;
+    if report.broken.is_some() {
+        return Ok(report);
+    }
+    let held = store
+        .receipt_hash_at(c.tenant, c.seq)
+        .await
+        .map_err(|e| e.to_string())?;
+    let extends = match (c.seq, held) {
+        (0, _) => c.hash == GENESIS_HASH,
+        (_, Some(h)) => h == c.hash,
+        (_, None) => false,
+    };
+    if !extends {
+        report.broken = Some(BrokenLink {
+            seq: c.seq,
+            last_good: report.receipts.min(c.seq.saturating_sub(1)),
+            receipt_id: format!("(checkpoint of tenant {})", c.tenant),
+            reason: format!(
+                "the chain does not extend the signed checkpoint: sequence {} should have hash {}",
+                c.seq, c.hash
+            ),
+        });
+    }
+    Ok(report)
 }
 
 /// The first stored column of a receipt that the API serves and its hashed content contradicts

@@ -14,6 +14,7 @@
 pub mod admission;
 pub mod api;
 pub mod audit;
+pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod filters;

@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use substrate_gate::{audit, server, store::Store};
+use substrate_gate::{audit, checkpoint, server, store::Store};
 use uuid::Uuid;
 
 /// mimalloc: the proxy's write path allocates many small, short-lived JSON values across
@@ -54,6 +54,21 @@ enum ReceiptsCommand {
         /// Verify a JSON Lines export offline instead of the store.
         #[arg(long, conflicts_with = "config")]
         file: Option<PathBuf>,
+        /// A signed checkpoint kept elsewhere: its tenant's chain in the store must extend it
+        /// (hold its hash at its sequence and verify through it to the head).
+        #[arg(long, requires = "config", conflicts_with = "file")]
+        checkpoint: Option<PathBuf>,
+        /// The verifier key (`NAME+KEYID+KEY`) the checkpoint must be signed with; by default
+        /// the public half of the config's `checkpoints.key_file`.
+        #[arg(long, requires = "checkpoint")]
+        vkey: Option<String>,
+    },
+    /// Sign a tenant's chain head now (with `checkpoints.key_file`) and print the checkpoint.
+    Checkpoint {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        tenant: Uuid,
     },
     /// Export a tenant's receipts with their chain links as JSON Lines.
     Export {
@@ -163,6 +178,54 @@ async fn receipts(command: ReceiptsCommand) -> ExitCode {
         }
         ReceiptsCommand::Verify {
             config: Some(config),
+            checkpoint: Some(file),
+            vkey,
+            ..
+        } => {
+            let note = match std::fs::read_to_string(&file) {
+                Ok(n) => n,
+                Err(e) => {
+                    eprintln!("cannot read {}: {e}", file.display());
+                    return ExitCode::FAILURE;
+                }
+            };
+            let checked = async {
+                let verifier = match vkey {
+                    Some(v) => checkpoint::Verifier::parse(&v)?,
+                    None => checkpoint_signer(&config)?.verifier().clone(),
+                };
+                let store = open_store(&config).await?;
+                audit::verify_checkpoint(&store, &verifier, &note).await
+            };
+            match checked.await {
+                Ok(r) => report(vec![r]),
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        ReceiptsCommand::Checkpoint { config, tenant } => {
+            let signed = async {
+                let signer = checkpoint_signer(&config)?;
+                let store = open_store(&config).await?;
+                audit::checkpoint_now(&store, &signer, tenant)
+                    .await?
+                    .ok_or_else(|| format!("tenant {tenant} has no receipts"))
+            };
+            match signed.await {
+                Ok(note) => {
+                    print!("{note}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        ReceiptsCommand::Verify {
+            config: Some(config),
             tenant,
             ..
         } => {
@@ -246,6 +309,18 @@ async fn receipts(command: ReceiptsCommand) -> ExitCode {
             }
         }
     }
+}
+
+/// The checkpoint key a config names.
+fn checkpoint_signer(config: &std::path::Path) -> Result<checkpoint::Signer, String> {
+    let loaded =
+        server::load_or_report(config).map_err(|p| format!("invalid config:\n{}", p.join("\n")))?;
+    let c = &loaded.config.checkpoints;
+    let file = c
+        .key_file
+        .as_ref()
+        .ok_or("the config sets no checkpoints.key_file (give --vkey to verify)")?;
+    checkpoint::Signer::from_key_file(&c.name, &loaded.base_dir.join(file))
 }
 
 fn report(reports: Vec<audit::ChainReport>) -> ExitCode {

@@ -56,6 +56,8 @@ pub struct Runtime {
     pub files: Vec<PathBuf>,
     /// Seals the store credentials kept in the database (`storage.credentials_key_file`).
     pub sealer: Arc<crate::seal::Sealer>,
+    /// Signs checkpoints of the receipt chains (`checkpoints.key_file`).
+    pub checkpoints: Option<Arc<crate::checkpoint::Signer>>,
 }
 
 /// Compiles filter packs into one route table; errors carry file and line.
@@ -127,6 +129,16 @@ impl Runtime {
             ),
             None => Arc::new(crate::seal::Sealer::plain()),
         };
+        let checkpoints = match &config.checkpoints.key_file {
+            Some(f) => Some(Arc::new(
+                crate::checkpoint::Signer::from_key_file(
+                    &config.checkpoints.name,
+                    &loaded.base_dir.join(f),
+                )
+                .map_err(|e| format!("checkpoints.key_file: {e}"))?,
+            )),
+            None => None,
+        };
         Ok(Runtime {
             config,
             version,
@@ -136,6 +148,7 @@ impl Runtime {
             base_dir: loaded.base_dir,
             files: loaded.files,
             sealer,
+            checkpoints,
         })
     }
 

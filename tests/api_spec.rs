@@ -732,6 +732,145 @@ async fn verify_finds_an_edited_column_and_a_deleted_newest_receipt() {
     }
 }
 
+/// Signed checkpoints: the gate signs a tenant's chain head (C2SP signed note) on demand and
+/// serves the latest with its verifier key; `receipts verify --checkpoint` passes while the
+/// chain extends it, and fails once the newest receipts are cut and the head rewritten to
+/// match, which `receipts verify` alone cannot see. Another key's checkpoint is refused.
+#[tokio::test]
+async fn a_signed_checkpoint_catches_a_rewritten_chain_end() {
+    use base64::Engine as _;
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("checkpoint.key");
+    std::fs::write(
+        &key_file,
+        base64::engine::general_purpose::STANDARD.encode([11u8; 32]),
+    )
+    .unwrap();
+    for b in backends() {
+        let mut o = GateOptions::new(b);
+        o.extra = format!(
+            "[checkpoints]\nkey_file = {:?}\nname = \"gate.test\"\ninterval_secs = 0",
+            key_file.display().to_string()
+        );
+        let g = Gate::start(o).await;
+        let none = g
+            .client
+            .get(g.url("/substrate/receipts/checkpoint"))
+            .bearer_auth(DEMO_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            none.status(),
+            404,
+            "{b:?}: no checkpoint before any receipt"
+        );
+        evaluated_receipts(&g, "the ferry leaves at nine").await;
+        let signed = g
+            .client
+            .post(g.url("/substrate/receipts/checkpoint"))
+            .bearer_auth(DEMO_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(signed.status(), 201, "{b:?}");
+        let note = signed.text().await.unwrap();
+        assert!(
+            note.starts_with(&format!("gate.test/{DEMO_TENANT}\n3\n")),
+            "{note}"
+        );
+        assert!(note.contains("\n\n\u{2014} gate.test "), "{note}");
+        let latest = g
+            .client
+            .get(g.url("/substrate/receipts/checkpoint"))
+            .bearer_auth(DEMO_KEY)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert_eq!(latest, note);
+        let vkey = g
+            .client
+            .get(g.url("/substrate/receipts/checkpoint/key"))
+            .bearer_auth(DEMO_KEY)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(vkey.starts_with("gate.test+"), "{vkey}");
+        // Another tenant's key sees only its own chain: it has none.
+        let other = g
+            .client
+            .get(g.url("/substrate/receipts/checkpoint"))
+            .bearer_auth(OTHER_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(other.status(), 404);
+
+        // Kept elsewhere, then checked: with the config's key and with the verifier key.
+        let kept = keys.path().join(format!("{b:?}.checkpoint"));
+        std::fs::write(&kept, &note).unwrap();
+        let verify = |extra: &[&str]| {
+            let mut args = vec![
+                "receipts",
+                "verify",
+                "--config",
+                g.config_path.to_str().unwrap(),
+                "--checkpoint",
+                kept.to_str().unwrap(),
+            ];
+            args.extend_from_slice(extra);
+            let out = g.cli(&args);
+            (
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        };
+        let (ok, text) = verify(&[]);
+        assert!(ok, "{b:?}: {text}");
+        let (ok, text) = verify(&["--vkey", vkey.trim()]);
+        assert!(ok, "{b:?}: {text}");
+        // The chain grows: it still extends the checkpoint.
+        evaluated_receipts(&g, "the ferry leaves at ten").await;
+        let (ok, text) = verify(&[]);
+        assert!(ok, "{b:?}: {text}");
+
+        // The newest four receipts cut and the head set back to match: every link and the
+        // head agree, so plain verify passes; the checkpoint (sequence 3) does not.
+        g.sql(&format!(
+            "DELETE FROM receipts WHERE tenant_id = '{DEMO_TENANT}' AND seq > 2"
+        ))
+        .await;
+        g.sql(&format!(
+            "UPDATE receipt_heads SET seq = 2, hash = (SELECT replay_hash FROM receipts \
+             WHERE tenant_id = '{DEMO_TENANT}' AND seq = 2) WHERE tenant_id = '{DEMO_TENANT}'"
+        ))
+        .await;
+        let (ok, text) = verify_chain(&g);
+        assert!(ok, "{b:?}: plain verify cannot see it: {text}");
+        let (ok, text) = verify(&[]);
+        assert!(!ok, "{b:?}: {text}");
+        assert!(
+            text.contains("does not extend the signed checkpoint"),
+            "{text}"
+        );
+
+        // A checkpoint signed by another key is refused.
+        let other_key = "gate.test+00000000+AQ".to_string() + &"A".repeat(42) + "=";
+        let (ok, text) = verify(&["--vkey", &other_key]);
+        assert!(!ok, "{b:?}: {text}");
+    }
+}
+
 #[tokio::test]
 async fn a_receipt_altered_in_the_database_replays_as_mismatch_and_verify_finds_it() {
     for b in backends() {

@@ -33,6 +33,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .route("/substrate/signals/ingest", post(signals::ingest))
         .route("/substrate/integrity/evaluate", post(evaluate::evaluate))
+        .route(
+            "/substrate/receipts/checkpoint",
+            get(receipts::latest_checkpoint).post(receipts::sign_checkpoint),
+        )
+        .route(
+            "/substrate/receipts/checkpoint/key",
+            get(receipts::checkpoint_key),
+        )
         .route("/substrate/receipts/{id}", get(receipts::fetch))
         .route("/substrate/receipts/{id}/replay", post(receipts::replay))
         .route(

@@ -230,6 +230,7 @@ fn deserialize_sections(root: &toml::Table, problems: &mut Vec<ConfigProblem>) -
         "upstream",
         "proxy",
         "webhooks",
+        "checkpoints",
         "tenants",
         "policies",
     ];
@@ -257,6 +258,7 @@ fn deserialize_sections(root: &toml::Table, problems: &mut Vec<ConfigProblem>) -
         upstream: section(root, "upstream", problems),
         proxy: section(root, "proxy", problems),
         webhooks: section(root, "webhooks", problems),
+        checkpoints: section(root, "checkpoints", problems),
         tenants: Vec::new(),
         policies: Default::default(),
     };

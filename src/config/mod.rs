@@ -41,6 +41,8 @@ pub struct Config {
     #[serde(default)]
     pub webhooks: WebhooksConfig,
     #[serde(default)]
+    pub checkpoints: CheckpointsConfig,
+    #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     /// Named policies; tenants refer to one by name.
     #[serde(default)]
@@ -200,6 +202,40 @@ impl Default for Limits {
             head_timeout_ms: default_head_timeout(),
         }
     }
+}
+
+/// Signed checkpoints of the receipt chains (`crate::checkpoint`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointsConfig {
+    /// A file holding the Ed25519 signing key's 32-byte seed in base64, relative to the config
+    /// file. Without it no checkpoint is signed.
+    #[serde(default)]
+    pub key_file: Option<String>,
+    /// The key's name: the checkpoints' origin is `NAME/TENANT`, and verifiers know the key by
+    /// it (no spaces, no `+`).
+    #[serde(default = "default_checkpoint_name")]
+    pub name: String,
+    /// Each tenant whose chain grew is checkpointed this often; 0 signs on demand only.
+    #[serde(default = "default_checkpoint_interval")]
+    pub interval_secs: u64,
+}
+
+impl Default for CheckpointsConfig {
+    fn default() -> Self {
+        CheckpointsConfig {
+            key_file: None,
+            name: default_checkpoint_name(),
+            interval_secs: default_checkpoint_interval(),
+        }
+    }
+}
+
+fn default_checkpoint_name() -> String {
+    "substrate-gate".into()
+}
+fn default_checkpoint_interval() -> u64 {
+    300
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]

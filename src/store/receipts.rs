@@ -446,6 +446,50 @@ impl Store {
         Ok(row.and_then(|(s,)| s))
     }
 
+    /// Keeps a signed checkpoint of a tenant's chain at `seq` (one per sequence).
+    pub async fn insert_checkpoint(&self, tenant: Uuid, seq: i64, note: &str) -> Result<()> {
+        let at = now();
+        with_pool!(self, write, |p, _d| {
+            sqlx::query(
+                "INSERT INTO receipt_checkpoints (tenant_id, seq, note, created_at) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (tenant_id, seq) DO NOTHING",
+            )
+            .bind(tenant.to_string())
+            .bind(seq)
+            .bind(note)
+            .bind(&at)
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        Ok(())
+    }
+
+    /// The latest signed checkpoint of a tenant's chain: its sequence and note.
+    pub async fn latest_checkpoint(&self, tenant: Uuid) -> Result<Option<(i64, String)>> {
+        Ok(with_pool!(self, read, |p, _d| {
+            sqlx::query_as(
+                "SELECT seq, note FROM receipt_checkpoints WHERE tenant_id = $1 \
+                 ORDER BY seq DESC LIMIT 1",
+            )
+            .bind(tenant.to_string())
+            .fetch_optional(p)
+            .await?
+        }))
+    }
+
+    /// The hash of a tenant's receipt at `seq`, if there is one.
+    pub async fn receipt_hash_at(&self, tenant: Uuid, seq: i64) -> Result<Option<String>> {
+        let row: Option<(String,)> = with_pool!(self, read, |p, _d| {
+            sqlx::query_as("SELECT replay_hash FROM receipts WHERE tenant_id = $1 AND seq = $2")
+                .bind(tenant.to_string())
+                .bind(seq)
+                .fetch_optional(p)
+                .await?
+        });
+        Ok(row.map(|(h,)| h))
+    }
+
     pub async fn receipt_tenants(&self) -> Result<Vec<String>> {
         let rows: Vec<(String,)> = with_pool!(self, read, |p, _d| {
             sqlx::query_as("SELECT tenant_id FROM receipt_heads ORDER BY tenant_id")
