@@ -21,7 +21,7 @@ const BODY_TIMEOUT_MS: u64 = 1000;
 async fn gate(b: Backend) -> Gate {
     let mut o = GateOptions::new(b);
     o.limits = format!(
-        "api_body_bytes = {BODY_LIMIT}\nbody_timeout_ms = {BODY_TIMEOUT_MS}\njson_max_depth = 64"
+        "api_body_bytes = {BODY_LIMIT}\nbody_timeout_ms = {BODY_TIMEOUT_MS}\nhead_timeout_ms = {BODY_TIMEOUT_MS}\njson_max_depth = 64"
     );
     Gate::start(o).await
 }
