@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The largest batch a route allows, through the gate into a real Chroma: the gate's peak
-memory, the batch's time, and the latency of small writes sent beside it, against the same
-small writes with no batch running.
+memory, the batch's time, the latency of small writes sent beside it (against the same small
+writes with no batch running), and the gate's database bytes per judged record.
 
     cargo build --release --bin substrate-gate
     python3 benches/batch_memory.py [--records 5461] [--gate target/release/substrate-gate]
@@ -51,6 +51,17 @@ def small_writes(url, stop, latencies, prefix):
         time.sleep(0.02)
 
 
+def db_bytes(tmp):
+    """The gate's SQLite database as a reader sees it (its pages, the write-ahead log's
+    included): page count times page size."""
+    import sqlite3
+    con = sqlite3.connect(f"file:{tmp / 'gate.db'}?mode=ro", uri=True)
+    try:
+        return con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        con.close()
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -88,6 +99,7 @@ def main():
         stop.set()
         t.join()
         idle = rss_kib(gate.pid, "VmRSS")
+        db_before = db_bytes(tmp)
 
         # The batch, with small writes beside it.
         n = a.records
@@ -105,7 +117,10 @@ def main():
         stop.set()
         t.join()
         peak = rss_kib(gate.pid, "VmHWM")
+        grown = db_bytes(tmp) - db_before
         print(f"batch of {n} records: HTTP {r.status_code} in {took:.2f} s")
+        print(f"gate database grew {grown / 1e6:.1f} MB with the batch and the small writes beside it: "
+              f"{grown / (n + len(beside)) / 1024:.1f} KiB per judged record")
         print(f"gate memory: {idle / 1024:.0f} MiB after small writes, peak {peak / 1024:.0f} MiB")
         for name, xs in (("alone", alone), ("beside the batch", beside)):
             print(f"small writes {name}: n={len(xs)} p50 {statistics.median(xs):.1f} ms, "

@@ -208,10 +208,13 @@ impl Net {
     fn logit(&self, sums: &Sums, n: u32) -> f64 {
         let root = f64::from(n).sqrt();
         let mut acc = 0.0f64;
-        for j in 0..self.hidden {
-            let a = self.row_scale * (f64::from(sums[j]) / root) + self.bias[j];
+        let units = sums[..self.hidden]
+            .iter()
+            .zip(self.bias.iter().zip(self.out.iter()));
+        for (&sum, (&bias, &out)) in units {
+            let a = self.row_scale * (f64::from(sum) / root) + bias;
             if a > 0.0 {
-                acc += self.out[j] * a;
+                acc += out * a;
             }
         }
         acc
