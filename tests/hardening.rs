@@ -969,5 +969,69 @@ async fn slow_heads_are_cut_and_one_address_holds_only_its_share() {
         );
         drop(slow);
     }
+
+    // The head's time starts with its first byte: a kept-alive proxy connection that idles
+    // longer than the head deadline (within the idle bound) is served when its next request
+    // comes.
+    let mut c = connect_from("127.0.0.2", &proxy).await;
+    c.write_all(b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: store\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    tokio::time::sleep(Duration::from_millis(HEAD_MS * 2)).await;
+    c.write_all(b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: store\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "after an idle pause: {answer:?}"
+    );
+
+    // Pingora serves a kept-alive connection's requests in a loop of its own: the next head
+    // is timed too. One request answered, then a second head trickled: cut off.
+    let mut c = connect_from("127.0.0.4", &proxy).await;
+    c.write_all(b"GET /api/v2/heartbeat HTTP/1.1\r\nHost: store\r\n\r\n")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    c.write_all(b"GET /api/v2/heartbeat HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let mut cut = false;
+    while t.elapsed() < Duration::from_millis(HEAD_MS * 6) {
+        if c.write_all(b"X").await.is_err()
+            || closed_within(&mut c, Duration::from_millis(200)).await
+        {
+            cut = true;
+            break;
+        }
+    }
+    assert!(
+        cut,
+        "a kept-alive connection's trickled head was held for {:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(HEAD_MS * 4),
+        "cut after {:?}",
+        t.elapsed()
+    );
     assert_alive(&g).await;
 }

@@ -182,8 +182,9 @@ pub struct Limits {
     /// the sidecar's own pod share the loopback address.
     #[serde(default = "default_max_connections_per_client")]
     pub max_connections_per_client: usize,
-    /// Time a client gets to send a whole request head, from the moment the listener waits for
-    /// it (slowloris bound), on the API and proxy listeners.
+    /// Time a client gets to send a whole request head (slowloris bound): on the proxy from the
+    /// head's first byte, on the API from the moment the listener waits for it (so an idle
+    /// API connection is closed after it too).
     #[serde(default = "default_head_timeout")]
     pub head_timeout_ms: u64,
 }
@@ -529,8 +530,11 @@ fn default_max_client_connections() -> usize {
 fn default_max_connections_per_client() -> usize {
     1024
 }
+/// As long as a body may take: hyper's head timer (the API listener) also runs while a
+/// kept-alive connection waits, so a shorter default would close idle API connections sooner
+/// than before.
 fn default_head_timeout() -> u64 {
-    10_000
+    30_000
 }
 fn default_log_level() -> String {
     "info".into()

@@ -2,10 +2,12 @@
 //! head (60 s), not the head: a client trickling one byte every few seconds held a connection
 //! for ever (slowloris). [`HeadDeadline`] wraps a client connection below Pingora's HTTP code
 //! and fails its reads once the deadline passes before the head's blank line (`\r\n\r\n`, or
-//! `\n\n`) has arrived. [`crate::proxy::Guarded`] arms it again before each request on a
-//! kept-alive connection; the body has its own deadline (`limits.body_timeout_ms`, in
-//! [`crate::proxy::body`]). An HTTP/2 connection's preface ends with a blank line too, after
-//! which its frames are not timed here.
+//! `\n\n`) has arrived. [`crate::proxy::Guarded`] arms it when the connection's first byte
+//! arrives; on a kept-alive connection (Pingora serves its requests in a loop of its own) the
+//! wrapper arms itself again when bytes arrive after an answer was written: the next head. The
+//! wait between requests is Pingora's keep-alive bound, and the body has its own deadline
+//! (`limits.body_timeout_ms`, in [`crate::proxy::body`]). An HTTP/2 connection (its preface
+//! starts `PRI`) is timed only up to its preface's blank line.
 
 use async_trait::async_trait;
 use pingora_core::protocols::l4::socket::SocketAddr;
@@ -27,10 +29,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 #[derive(Debug)]
 pub struct HeadDeadline {
     inner: Stream,
+    limit: Duration,
     /// Set while a head is being read; cleared at its blank line.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The last bytes read of the head, to find a blank line split across reads.
     tail: [u8; 3],
+    /// An answer was written since the last head: the next bytes read start a new head.
+    answered: bool,
+    /// HTTP/2 (or not yet known): no head after the preface.
+    http2: bool,
+    /// Bytes of the connection read so far, up to three (to tell HTTP/2's `PRI`).
+    seen: usize,
 }
 
 impl HeadDeadline {
@@ -46,13 +55,28 @@ impl HeadDeadline {
         } else {
             Box::new(HeadDeadline {
                 inner: stream,
+                limit,
                 deadline: None,
                 tail: [0; 3],
+                answered: false,
+                http2: false,
+                seen: 0,
             })
         };
+        this.limit = limit;
         this.deadline = Some(Box::pin(tokio::time::sleep(limit)));
         this.tail = [0; 3];
+        this.answered = false;
         this
+    }
+
+    /// Writing after a head was read whole is the answer: what is read next is another head.
+    /// An interim answer (`100 Continue`) is not: the body follows it.
+    fn mark_answered(&mut self, bytes: &[u8]) {
+        let interim = bytes.starts_with(b"HTTP/1.1 1") || bytes.starts_with(b"HTTP/1.0 1");
+        if self.deadline.is_none() && !interim {
+            self.answered = true;
+        }
     }
 
     /// Whether `bytes`, read after `tail`, complete a head; updates `tail`.
@@ -87,7 +111,21 @@ impl AsyncRead for HeadDeadline {
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = &r {
-            if this.deadline.is_some() && Self::scan(&mut this.tail, &buf.filled()[before..]) {
+            let read = &buf.filled()[before..];
+            if this.seen < 3 {
+                // `PRI * HTTP/2.0`: the h2c preface.
+                let take = read.len().min(3 - this.seen);
+                this.http2 = read[..take] == b"PRI"[this.seen..this.seen + take]
+                    && (this.seen > 0 || take > 0);
+                this.seen += take;
+            }
+            if this.deadline.is_none() && this.answered && !this.http2 && !read.is_empty() {
+                // The next request's head starts with these bytes.
+                this.deadline = Some(Box::pin(tokio::time::sleep(this.limit)));
+                this.tail = [0; 3];
+                this.answered = false;
+            }
+            if this.deadline.is_some() && Self::scan(&mut this.tail, read) {
                 this.deadline = None;
             }
         }
@@ -101,6 +139,7 @@ impl AsyncWrite for HeadDeadline {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.mark_answered(buf);
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -109,6 +148,11 @@ impl AsyncWrite for HeadDeadline {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        let first = bufs
+            .iter()
+            .find(|b| !b.is_empty())
+            .map_or(&[][..], |b| &b[..]);
+        self.mark_answered(first);
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 

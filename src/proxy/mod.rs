@@ -104,7 +104,7 @@ impl pingora_core::apps::ServerApp for Guarded {
                 return None;
             }
         };
-        let mut stream = head::HeadDeadline::arm(stream, head);
+        let mut stream = stream;
         let mut first = [0u8; 1];
         let mut stop = shutdown.clone();
         tokio::select! {
@@ -115,6 +115,9 @@ impl pingora_core::apps::ServerApp for Guarded {
             },
             _ = stop.changed() => return None,
         }
+        // The head's time starts with its first byte: an idle kept-alive connection is
+        // bounded by the wait above, not by the head's deadline.
+        let stream = head::HeadDeadline::arm(stream, head);
         self.inner.process_new(stream, shutdown).await
     }
 
