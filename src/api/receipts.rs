@@ -113,6 +113,8 @@ fn checkpoints_off() -> ApiError {
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "The latest checkpoint, a signed note", body = String, content_type = "text/plain"),
+        (status = 400, description = "Invalid tenant header", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Tenant mismatch", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No checkpoint yet, or no checkpoint key configured", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Rate limited", body = Problem, content_type = "application/problem+json"),
@@ -139,6 +141,8 @@ pub async fn latest_checkpoint(
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 201, description = "The checkpoint of the current head, a signed note", body = String, content_type = "text/plain"),
+        (status = 400, description = "Invalid tenant header", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Tenant mismatch", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No receipt yet, or no checkpoint key configured", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Rate limited", body = Problem, content_type = "application/problem+json"),
@@ -166,6 +170,8 @@ pub async fn sign_checkpoint(
     security(("bearer" = []), ("tenantHeader" = [])),
     responses(
         (status = 200, description = "The verifier key", body = String, content_type = "text/plain"),
+        (status = 400, description = "Invalid tenant header", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Tenant mismatch", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No checkpoint key configured", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Rate limited", body = Problem, content_type = "application/problem+json")
