@@ -4,7 +4,11 @@ memory, the batch's time, the latency of small writes sent beside it (against th
 writes with no batch running), and the gate's database bytes per judged record.
 
     cargo build --release --bin substrate-gate
-    python3 benches/batch_memory.py [--records 5461] [--gate target/release/substrate-gate]
+    python3 benches/batch_memory.py [--records 5461] [--batches 1] [--gate target/release/substrate-gate]
+
+With `--batches K`, K batches of that size are sent at once (each on its own connection): the
+gate's `limits.proxy_records_in_flight` (three batches at the cap by default) bounds how many
+are handled together, and one beyond waits its turn.
 
 Needs `chroma` (pip install -r tests/e2e/requirements.txt). Peak memory is the gate process's
 VmHWM from /proc (Linux); the batch's records are tiny (3-dimension embeddings, short
@@ -70,6 +74,7 @@ def pct(xs, q):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=5461)
+    ap.add_argument("--batches", type=int, default=1)
     ap.add_argument("--gate", default=str(REPO / "target/release/substrate-gate"))
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="batch-memory-"))
@@ -101,26 +106,38 @@ def main():
         idle = rss_kib(gate.pid, "VmRSS")
         db_before = db_bytes(tmp)
 
-        # The batch, with small writes beside it.
-        n = a.records
-        body = {"ids": [f"b{i}" for i in range(n)], "embeddings": [[0.1, 0.2, 0.3]] * n,
-                "documents": [f"catalogue entry {i}: part {1000 + i}" for i in range(n)],
-                "metadatas": [{"i": i} for i in range(n)], "uris": None}
+        # The batches, with small writes beside them.
+        n, k = a.records, a.batches
+
+        def batch(j, out):
+            body = {"ids": [f"b{j}-{i}" for i in range(n)], "embeddings": [[0.1, 0.2, 0.3]] * n,
+                    "documents": [f"catalogue {j} entry {i}: part {1000 + i}" for i in range(n)],
+                    "metadatas": [{"i": i} for i in range(n)], "uris": None}
+            t0 = time.perf_counter()
+            r = requests.post(url, json=body, timeout=600)
+            out.append((r.status_code, time.perf_counter() - t0))
+
         stop, beside = threading.Event(), []
         t = threading.Thread(target=small_writes, args=(url, stop, beside, "beside-"))
         t.start()
         time.sleep(0.5)
         start = time.perf_counter()
-        r = requests.post(url, json=body, timeout=600)
+        results = []
+        batches = [threading.Thread(target=batch, args=(j, results)) for j in range(k)]
+        for b in batches:
+            b.start()
+        for b in batches:
+            b.join()
         took = time.perf_counter() - start
         time.sleep(0.5)
         stop.set()
         t.join()
         peak = rss_kib(gate.pid, "VmHWM")
         grown = db_bytes(tmp) - db_before
-        print(f"batch of {n} records: HTTP {r.status_code} in {took:.2f} s")
-        print(f"gate database grew {grown / 1e6:.1f} MB with the batch and the small writes beside it: "
-              f"{grown / (n + len(beside)) / 1024:.1f} KiB per judged record")
+        print(f"{k} batch(es) of {n} records at once: HTTP {sorted(c for c, _ in results)}, "
+              f"each in {', '.join(f'{d:.2f}' for _, d in sorted(results, key=lambda x: x[1]))} s, all in {took:.2f} s")
+        print(f"gate database grew {grown / 1e6:.1f} MB with the batches and the small writes beside them: "
+              f"{grown / (n * k + len(beside)) / 1024:.1f} KiB per judged record")
         print(f"gate memory: {idle / 1024:.0f} MiB after small writes, peak {peak / 1024:.0f} MiB")
         for name, xs in (("alone", alone), ("beside the batch", beside)):
             print(f"small writes {name}: n={len(xs)} p50 {statistics.median(xs):.1f} ms, "

@@ -105,9 +105,19 @@ pub static PROXY_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     reg(IntCounterVec::new(
         Opts::new(
             "substrate_gate_proxy_records_total",
-            "Records of proxied writes by what the gate did (forwarded, held, blocked), and writes that failed closed or open",
+            "Records of proxied writes by what the gate did (forwarded, held, blocked), writes that failed closed or open, and writes refused for want of room (busy)",
         ),
         &["action"],
+    )
+    .expect("metric"))
+});
+pub static UNDESCRIBED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    reg(IntCounterVec::new(
+        Opts::new(
+            "substrate_gate_proxy_undescribed_total",
+            "Mutating proxied requests that no pack describes, by what the gate did (denied, forwarded)",
+        ),
+        &["outcome"],
     )
     .expect("metric"))
 });
@@ -180,6 +190,7 @@ pub fn init() {
     LazyLock::force(&GROUP_COMMIT_BATCHES);
     LazyLock::force(&UPSTREAM);
     LazyLock::force(&PROXY_RECORDS);
+    LazyLock::force(&UNDESCRIBED);
     LazyLock::force(&RETRIEVAL);
     LazyLock::force(&QUARANTINE_REVIEWS);
     LazyLock::force(&WEBHOOK_DELIVERIES);

@@ -601,3 +601,190 @@ async fn milvus_entities_insert_delete_search() {
         assert_eq!(ids, vec![1]);
     }
 }
+
+/// A mutating request that no route of the loaded packs describes never reaches the store: 403
+/// problem+json. A `forward` route, a `read` route without treatment, and any GET pass as they
+/// are. With `proxy.undescribed_mutations = "forward"` the operator lets undescribed requests
+/// through unjudged; the metric counts both outcomes.
+#[tokio::test]
+async fn undescribed_mutating_routes_are_refused_unless_forwarded() {
+    let b = backends().remove(0);
+    let up = Upstream::start(|_| Reply::ok(json!({"ok": true}))).await;
+    let mut o = GateOptions::new(b);
+    o.upstream = up.addr.clone();
+    o.packs = ["chroma", "qdrant", "milvus"]
+        .iter()
+        .map(|p| format!("filters/{p}.toml"))
+        .collect();
+    let g = Gate::start(o.clone()).await;
+    let refused = [
+        ("POST", "/api/v2/reset", json!({})),
+        (
+            "POST",
+            "/api/v1/collections/3f1c/add",
+            json!({"ids": ["a"], "documents": [HELD_ORDER]}),
+        ),
+        (
+            "POST",
+            "/api/v2/tenants/t/databases/d/collections/c/functions/attach",
+            json!({"name": "f", "params": {"note": HELD_ORDER}}),
+        ),
+        ("PUT", "/some/other/thing", json!({"text": HELD_ORDER})),
+        ("PATCH", "/api/v2/tenants/t/databases/d", json!({})),
+        ("DELETE", "/v2/vectordb/users/drop", Value::Null),
+        (
+            "POST",
+            "/v2/vectordb/roles/create",
+            json!({"roleName": "admin"}),
+        ),
+    ];
+    for (method, path, body) in &refused {
+        let r = call(&g, method, path, body.clone(), &[]).await;
+        let status = r.status().as_u16();
+        assert_eq!(
+            hdr(&r, "content-type"),
+            "application/problem+json",
+            "{method} {path}"
+        );
+        let v: Value = r.json().await.unwrap();
+        assert_problem(status, &v, 403, "undescribed_route");
+        assert!(
+            v["detail"].as_str().unwrap().contains(path),
+            "{method} {path}: {v}"
+        );
+    }
+    assert!(up.seen().is_empty(), "a refused request reached the store");
+    assert!(g.metrics_text().await.contains(&format!(
+        "substrate_gate_proxy_undescribed_total{{outcome=\"denied\"}} {}",
+        refused.len()
+    )));
+
+    // Described routes the gate does not govern, and reads, pass as they are.
+    let passed = [
+        ("POST", "/api/v2/tenants", json!({"name": "acme"})),
+        (
+            "POST",
+            "/api/v2/tenants/acme/databases",
+            json!({"name": "db"}),
+        ),
+        ("GET", "/api/v2/heartbeat", Value::Null),
+        (
+            "PUT",
+            "/collections/docs",
+            json!({"vectors": {"size": 4, "distance": "Cosine"}}),
+        ),
+        (
+            "PUT",
+            "/collections/docs/index",
+            json!({"field_name": "tag", "field_schema": "keyword"}),
+        ),
+        (
+            "POST",
+            "/collections/docs/points/count",
+            json!({"exact": true}),
+        ),
+        (
+            "POST",
+            "/v2/vectordb/collections/create",
+            json!({"collectionName": "c", "dimension": 4}),
+        ),
+        (
+            "POST",
+            "/v2/vectordb/collections/describe",
+            json!({"collectionName": "c"}),
+        ),
+        (
+            "POST",
+            "/v1/vector/collections/create",
+            json!({"collectionName": "c", "dimension": 4}),
+        ),
+    ];
+    for (method, path, body) in &passed {
+        let r = call(&g, method, path, body.clone(), &[]).await;
+        assert_eq!(r.status(), 200, "{method} {path}");
+        assert_eq!(up.requests(method, path).len(), 1, "{method} {path}");
+    }
+
+    // The operator forwards undescribed mutations: they reach the store unjudged, counted.
+    o.proxy_extra = "undescribed_mutations = \"forward\"".into();
+    let before = g.reloads("ok").await;
+    g.write_config(&g.config_with(&o));
+    g.signal("HUP");
+    let t0 = std::time::Instant::now();
+    while g.reloads("ok").await == before {
+        assert!(t0.elapsed().as_secs() < 10, "the reload did not happen");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = call(&g, "POST", "/api/v2/reset", json!({}), &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(up.requests("POST", "/api/v2/reset").len(), 1);
+    assert!(g
+        .metrics_text()
+        .await
+        .contains("substrate_gate_proxy_undescribed_total{outcome=\"forwarded\"} 1"));
+}
+
+/// The records being handled at once are bounded over every request
+/// (`limits.proxy_records_in_flight`): a write that finds no room within the body deadline is
+/// answered 503 (`overloaded`, with `Retry-After`) and nothing of it reaches the store; once
+/// the batch ahead has its answer, the next write goes through.
+#[tokio::test]
+async fn records_in_flight_are_bounded_over_requests() {
+    for b in backends() {
+        let up = Upstream::start(|s| {
+            let r = Reply::ok(
+                json!({"result": {"operation_id": 1, "status": "acknowledged"}, "status": "ok"}),
+            );
+            if s.text().contains("slow lane") {
+                r.after(std::time::Duration::from_millis(2500))
+            } else {
+                r
+            }
+        })
+        .await;
+        let mut o = GateOptions::new(b);
+        o.upstream = up.addr.clone();
+        o.packs = vec!["filters/qdrant.toml".into()];
+        o.limits =
+            "proxy_max_records = 2\nproxy_records_in_flight = 2\nbody_timeout_ms = 600".into();
+        let g = Gate::start(o).await;
+        let points = |ids: &[u64], text: &str| json!({"points": ids.iter().map(|i| json!({"id": i, "vector": [0.1, 0.2], "payload": {"text": text}})).collect::<Vec<_>>()});
+        let path = "/collections/docs/points";
+        let batch = {
+            let (client, url, body) = (
+                g.client.clone(),
+                format!("{}{}", g.proxy, path),
+                points(&[1, 2], "The slow lane opens at nine."),
+            );
+            tokio::spawn(async move { client.put(url).json(&body).send().await.unwrap() })
+        };
+        // The batch holds both records' room until the store answers it.
+        let t0 = std::time::Instant::now();
+        while up.requests("PUT", path).is_empty() {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "{b:?}: the batch never reached the store"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let r = call(&g, "PUT", path, points(&[3], BENIGN), &[]).await;
+        assert_eq!(hdr(&r, "retry-after"), "1", "{b:?}");
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap();
+        assert_problem(status, &v, 503, "overloaded");
+        assert_eq!(
+            up.requests("PUT", path).len(),
+            1,
+            "{b:?}: the refused write reached the store"
+        );
+
+        assert_eq!(batch.await.unwrap().status(), 200, "{b:?}");
+        let r = call(&g, "PUT", path, points(&[3], BENIGN), &[]).await;
+        assert_eq!(r.status(), 200, "{b:?}");
+        assert_eq!(up.requests("PUT", path).len(), 2, "{b:?}");
+        assert!(g
+            .metrics_text()
+            .await
+            .contains("substrate_gate_proxy_records_total{action=\"busy\"} 1"));
+    }
+}

@@ -4,8 +4,8 @@
 //! states, by file watch and by SIGHUP in turn:
 //! - the policy: the shipped thresholds (a record with hidden instructions is held or refused),
 //!   or thresholds at 1.0 (the same record is admitted and forwarded);
-//! - the pack: the generic pack, or a copy that also governs `POST /notes` (which the plain
-//!   pack lets through untouched, without an `x-integrity-decision` header).
+//! - the pack: the generic pack with `POST /notes` as a `forward` route (let through untouched,
+//!   without an `x-integrity-decision` header), or a copy that governs it as a write.
 //!
 //! After every reload both changes are visible; no request of the load fails (a 2xx, or for a
 //! probe the documented 202/403, never a 5xx or a dropped connection); a broken pack is refused
@@ -33,9 +33,13 @@ fn memory_store(s: &Seen) -> Reply {
     }
 }
 
-/// The generic pack, plus (when `notes`) a route that governs `POST /notes` too.
+/// The generic pack, plus a route for `POST /notes`: governed (when `notes`), else forwarded as
+/// it is.
 fn pack_text(notes: bool) -> String {
     let mut t = std::fs::read_to_string(repo_root().join("filters/generic.toml")).unwrap();
+    if !notes {
+        t.push_str("\n[[route]]\nname = \"notes\"\nmethod = \"POST\"\npath = \"/notes\"\nkind = \"forward\"\n");
+    }
     if notes {
         t.push_str(
             r#"

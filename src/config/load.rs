@@ -355,6 +355,14 @@ pub fn validate(c: &Config, problems: &mut Vec<ConfigProblem>) {
     if c.limits.proxy_max_records < 1 || c.limits.proxy_max_records > 1_000_000 {
         problems.push(problem("limits.proxy_max_records", "must be 1 to 1000000"));
     }
+    if c.limits.proxy_records_in_flight < c.limits.proxy_max_records
+        || c.limits.proxy_records_in_flight > 10_000_000
+    {
+        problems.push(problem(
+            "limits.proxy_records_in_flight",
+            "must be at least limits.proxy_max_records (a request at the cap must fit) and at most 10000000",
+        ));
+    }
     if c.limits.proxy_response_bytes < 1024 || c.limits.proxy_response_bytes > 1024 * 1024 * 1024 {
         problems.push(problem(
             "limits.proxy_response_bytes",

@@ -161,6 +161,13 @@ pub struct Limits {
     /// judged); a pack's or route's `max_records` (the store's own batch limit) may be lower.
     #[serde(default = "default_proxy_max_records")]
     pub proxy_max_records: usize,
+    /// Records of proxied writes and deletes being handled at once, over every request of the
+    /// process (each request holds as many as it carries, from its count to its answer): what
+    /// bounds the memory of concurrent batches. A request waits its turn, in order, for at
+    /// most `body_timeout_ms`, then is answered 503. At least `proxy_max_records`; read at
+    /// start (a reload does not change it).
+    #[serde(default = "default_proxy_records_in_flight")]
+    pub proxy_records_in_flight: usize,
     /// Largest read answer the proxy buffers for retrieval treatment (502 above: an answer
     /// that cannot be treated is not passed on untreated).
     #[serde(default = "default_proxy_response")]
@@ -195,6 +202,7 @@ impl Default for Limits {
             api_body_bytes: default_api_body(),
             proxy_body_bytes: default_proxy_body(),
             proxy_max_records: default_proxy_max_records(),
+            proxy_records_in_flight: default_proxy_records_in_flight(),
             proxy_response_bytes: default_proxy_response(),
             json_max_depth: default_json_depth(),
             body_timeout_ms: default_body_timeout(),
@@ -320,6 +328,21 @@ pub struct ProxyConfig {
     /// Drop quarantined/revoked/tombstoned records from read answers.
     #[serde(default = "yes")]
     pub retrieval_treatment: bool,
+    /// A POST, PUT, PATCH or DELETE that no route of the loaded packs describes: refused with
+    /// 403 (`deny`, the default), or forwarded unjudged (`forward`).
+    #[serde(default)]
+    pub undescribed_mutations: UndescribedMutations,
+}
+
+/// What the proxy does with a mutating request no pack describes.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UndescribedMutations {
+    /// Refuse it (403 problem+json, `undescribed_route`): nothing reaches the store unjudged.
+    #[default]
+    Deny,
+    /// Forward it unjudged, as if the gate were not there.
+    Forward,
 }
 
 impl Default for ProxyConfig {
@@ -333,6 +356,7 @@ impl Default for ProxyConfig {
             default_source: DefaultSource::default(),
             fail_open_routes: Vec::new(),
             retrieval_treatment: true,
+            undescribed_mutations: UndescribedMutations::Deny,
         }
     }
 }
@@ -512,6 +536,10 @@ fn default_proxy_body() -> usize {
 /// Chroma's largest batch (`max_batch_size` on a default server), the largest of the packs'.
 fn default_proxy_max_records() -> usize {
     5461
+}
+/// Three batches at the largest cap: one batch never makes a small write wait.
+fn default_proxy_records_in_flight() -> usize {
+    3 * default_proxy_max_records()
 }
 fn default_proxy_response() -> usize {
     64 * 1024 * 1024

@@ -645,15 +645,23 @@ fn compile_route(
             "write" => Some(RouteKind::Write),
             "delete" => Some(RouteKind::Delete),
             "read" => Some(RouteKind::Read),
+            "forward" => Some(RouteKind::Forward),
             other => {
                 ctx.err(
                     &n.span,
                     join(&path, "kind"),
-                    format!("unknown kind `{other}` (expected write, delete or read)"),
+                    format!("unknown kind `{other}` (expected write, delete, read or forward)"),
                 );
                 None
             }
         });
+    if kind == Some(RouteKind::Forward) {
+        let (pack, substrate) = defaults
+            .map(|d| (d.name.clone(), d.substrate.clone()))
+            .unwrap_or_default();
+        let names = (pack, substrate, name);
+        return compile_forward(ctx, t, &path, names, method, template, ident, before);
+    }
 
     let mutation = match (ctx.opt_str(t, &path, "mutation"), kind) {
         (Some((_, n)), Some(RouteKind::Read)) => {
@@ -903,6 +911,88 @@ fn compile_route(
         method_id: method,
         segments,
         readback,
+    };
+    (Some(route), ident)
+}
+
+/// The fields a `forward` route takes: it is forwarded as it is, so nothing about records.
+const FORWARD_FIELDS: &[&str] = &["name", "description", "method", "path", "kind"];
+
+#[allow(clippy::too_many_arguments)]
+fn compile_forward(
+    ctx: &mut Ctx,
+    t: &[(String, Node)],
+    path: &str,
+    (pack, substrate, name): (String, String, Option<String>),
+    method: Option<Method>,
+    template: Option<(String, Vec<Segment>)>,
+    ident: RouteIdent,
+    errors_before: usize,
+) -> (Option<CompiledRoute>, RouteIdent) {
+    for (key, n) in t {
+        if !FORWARD_FIELDS.contains(&key.as_str()) {
+            ctx.err(
+                &n.span,
+                join(path, key),
+                format!("a forward route is forwarded as it is: `{key}` does not apply"),
+            );
+        }
+    }
+    if let (Some(Method::Get), Some(n)) = (method, get(t, "method")) {
+        ctx.err(
+            &n.span,
+            join(path, "method"),
+            "a GET is always forwarded: a forward route describes a POST, PUT, PATCH or DELETE",
+        );
+    }
+    if ctx.errors.len() != errors_before {
+        return (None, ident);
+    }
+    let (Some(name), Some(method), Some((template, segments)), Some(root)) =
+        (name, method, template, Pointer::parse("").ok())
+    else {
+        return (None, ident);
+    };
+    let route = CompiledRoute {
+        pack,
+        name,
+        kind: RouteKind::Forward,
+        mutation: None,
+        substrate,
+        fail_open: false,
+        annotate: false,
+        merges: false,
+        keeps_existing: false,
+        annotation: AnnotationStyle::Nested,
+        annotation_key: DEFAULT_ANNOTATION_KEY.to_string(),
+        uuid_ids: false,
+        uuid_collections: false,
+        capitalized_collections: false,
+        max_records: None,
+        collection: None,
+        id_param: None,
+        conditions: Vec::new(),
+        metadata_path: None,
+        method: method.as_str(),
+        template,
+        shape: Shape {
+            layout: Layout::None,
+            records: root,
+            id: None,
+            id_alias: None,
+            text: None,
+            metadata: None,
+            lockstep: Vec::new(),
+            exclude: Vec::new(),
+            scan: Vec::new(),
+        },
+        variants: Vec::new(),
+        file: ctx.file.to_string(),
+        line: ident.line,
+        index: ident.index,
+        method_id: method,
+        segments,
+        readback: None,
     };
     (Some(route), ident)
 }
@@ -1216,6 +1306,41 @@ id = "/ids"
     }
 
     #[test]
+    fn forward_routes_take_a_method_and_a_path_only() {
+        let forward = |extra: &str, method: &str| {
+            format!(
+                "{MINIMAL}\n[[route]]\nname = \"create_db\"\nmethod = \"{method}\"\npath = \"/db/{{name}}\"\nkind = \"forward\"\n{extra}"
+            )
+        };
+        let p = compile_pack("filters/t.toml", &forward("", "POST")).unwrap();
+        let r = &p.routes[1];
+        assert_eq!((r.kind, r.pack.as_str()), (RouteKind::Forward, "mini"));
+        assert!(r.mutation.is_none() && !r.treats_response());
+        let t = crate::filters::build_table(vec![p]).unwrap();
+        assert_eq!(
+            t.match_route("POST", "/db/x").unwrap().route.kind,
+            RouteKind::Forward
+        );
+
+        let errs = errors(&forward(
+            "layout = \"columnar\"\nmutation = \"write_memory\"",
+            "POST",
+        ));
+        assert_eq!(errs.len(), 2, "{errs:#?}");
+        assert!(errs
+            .iter()
+            .all(|e| e.message.contains("a forward route is forwarded as it is")));
+        let e = only_owned(errors(&forward("", "GET")));
+        assert_eq!(e.path, "route[1].method");
+        assert!(e.message.contains("a GET is always forwarded"), "{e:?}");
+    }
+
+    fn only_owned(errs: Vec<PackError>) -> PackError {
+        assert_eq!(errs.len(), 1, "{errs:#?}");
+        errs.into_iter().next().unwrap()
+    }
+
+    #[test]
     fn max_records_from_the_route_else_the_pack() {
         let p = compile_pack("filters/t.toml", MINIMAL).unwrap();
         assert_eq!(p.routes[0].max_records, None);
@@ -1272,7 +1397,9 @@ id = "/ids"
         let errs = errors(&minimal_with("\"write\"", "\"mutate\""));
         let e = &errs[0];
         assert_eq!((e.line, e.path.as_str()), (Some(10), "route[0].kind"));
-        assert!(e.message.contains("expected write, delete or read"));
+        assert!(e
+            .message
+            .contains("expected write, delete, read or forward"));
 
         let errs = errors(&minimal_with("\"columnar\"", "\"columns\""));
         let e = only(&errs);

@@ -24,6 +24,11 @@ pub enum RouteKind {
     Delete,
     /// Returns records: never evaluated, only given retrieval treatment.
     Read,
+    /// Changes the store but carries no record the gate judges (creating a tenant, a database,
+    /// an index; loading a collection): forwarded as it is. A mutating request that no route
+    /// describes is refused unless the operator forwards such requests
+    /// (`proxy.undescribed_mutations`).
+    Forward,
 }
 
 impl RouteKind {
@@ -32,6 +37,7 @@ impl RouteKind {
             RouteKind::Write => "write",
             RouteKind::Delete => "delete",
             RouteKind::Read => "read",
+            RouteKind::Forward => "forward",
         }
     }
 }

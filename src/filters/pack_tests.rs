@@ -94,7 +94,7 @@ fn every_shipped_pack_compiles_and_they_share_a_table() {
         for r in &p.routes {
             assert_eq!(
                 r.mutation.is_none(),
-                r.kind == RouteKind::Read,
+                matches!(r.kind, RouteKind::Read | RouteKind::Forward),
                 "{}/{}",
                 p.name,
                 r.name
@@ -185,9 +185,20 @@ fn shipped_routes_match_real_paths() {
             .kind,
         RouteKind::Delete
     );
-    assert!(t
+    // A POST read without treatment, and a mutating route that carries no records.
+    let count = t
         .match_route("POST", "/collections/docs/points/count")
-        .is_none());
+        .unwrap();
+    assert_eq!(count.route.kind, RouteKind::Read);
+    assert!(!count.route.treats_response());
+    assert_eq!(
+        t.match_route("PUT", "/collections/docs")
+            .unwrap()
+            .route
+            .kind,
+        RouteKind::Forward
+    );
+    assert!(t.match_route("POST", "/api/v2/reset").is_none());
 
     let m = t.match_route("POST", "/vectors/upsert").unwrap();
     assert_eq!(

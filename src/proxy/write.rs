@@ -175,6 +175,23 @@ pub async fn handle(
             return Ok(true);
         }
     }
+    // The request's share of the records in flight, held to its answer: what bounds the memory
+    // of concurrent batches. Counted before any record is built.
+    let _records = match &parsed {
+        Ok((_, n)) => match records_in_flight(cfg, *n).await {
+            Some(p) => Some(p),
+            None => {
+                let detail = format!(
+                    "the gate is handling as many records as it may at once ({}); nothing was sent to the store",
+                    cfg.limits.proxy_records_in_flight
+                );
+                let retry = [("retry-after", "1".to_string())];
+                write_problem(session, 503, "overloaded", &detail, Value::Null, &retry).await?;
+                return Ok(true);
+            }
+        },
+        Err(_) => None,
+    };
     let parsed = parsed.and_then(|(v, _)| m.extract_records(&v).map(|r| (v, r)));
     let (mut value, records) = match parsed {
         Ok(x) => x,
@@ -685,6 +702,35 @@ async fn unavailable(
         restores: Vec::new(),
     };
     forward(session, rt, None, body, &headers, settle).await
+}
+
+/// The records of proxied writes being handled at once, over the process
+/// (`limits.proxy_records_in_flight`, sized at the first governed write). Tokio's semaphore
+/// serves waiters in order, so a batch waiting for room is not overtaken by the writes behind it.
+static RECORDS_IN_FLIGHT: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> =
+    std::sync::OnceLock::new();
+
+/// Room for `n` records (one at least: a request without records still holds memory), waited
+/// for at most the body deadline. `None`: no room in time.
+async fn records_in_flight(
+    cfg: &crate::config::Config,
+    n: usize,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let budget = cfg.limits.proxy_records_in_flight;
+    let sem = RECORDS_IN_FLIGHT
+        .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(budget)))
+        .clone();
+    let want = u32::try_from(n.clamp(1, budget.max(1))).unwrap_or(u32::MAX);
+    let wait = Duration::from_millis(cfg.limits.body_timeout_ms);
+    match tokio::time::timeout(wait, sem.acquire_many_owned(want)).await {
+        Ok(Ok(p)) => Some(p),
+        _ => {
+            crate::metrics::PROXY_RECORDS
+                .with_label_values(&["busy"])
+                .inc();
+            None
+        }
+    }
 }
 
 /// Governed writes being handled now: the shutdown drain waits for them before it flushes
