@@ -724,10 +724,11 @@ async fn undescribed_mutating_routes_are_refused_unless_forwarded() {
         .contains("substrate_gate_proxy_undescribed_total{outcome=\"forwarded\"} 1"));
 }
 
-/// The records being handled at once are bounded over every request
-/// (`limits.proxy_records_in_flight`): a write that finds no room within the body deadline is
-/// answered 503 (`overloaded`, with `Retry-After`) and nothing of it reaches the store; once
-/// the batch ahead has its answer, the next write goes through.
+/// The records of batches being handled at once are bounded over every request
+/// (`limits.proxy_records_in_flight`): a batch that finds no room within the body deadline is
+/// answered 503 (`overloaded`, with `Retry-After`) and nothing of it reaches the store; a small
+/// write beside the batch has a lane of its own and is not kept waiting; once the batch ahead
+/// has its answer, the next batch goes through.
 #[tokio::test]
 async fn records_in_flight_are_bounded_over_requests() {
     for b in backends() {
@@ -746,19 +747,19 @@ async fn records_in_flight_are_bounded_over_requests() {
         o.upstream = up.addr.clone();
         o.packs = vec!["filters/qdrant.toml".into()];
         o.limits =
-            "proxy_max_records = 2\nproxy_records_in_flight = 2\nbody_timeout_ms = 600".into();
+            "proxy_max_records = 100\nproxy_records_in_flight = 120\nbody_timeout_ms = 600".into();
         let g = Gate::start(o).await;
-        let points = |ids: &[u64], text: &str| json!({"points": ids.iter().map(|i| json!({"id": i, "vector": [0.1, 0.2], "payload": {"text": text}})).collect::<Vec<_>>()});
+        let points = |ids: std::ops::Range<u64>, text: &str| json!({"points": ids.map(|i| json!({"id": i, "vector": [0.1, 0.2], "payload": {"text": text}})).collect::<Vec<_>>()});
         let path = "/collections/docs/points";
         let batch = {
             let (client, url, body) = (
                 g.client.clone(),
                 format!("{}{}", g.proxy, path),
-                points(&[1, 2], "The slow lane opens at nine."),
+                points(0..100, "The slow lane opens at nine."),
             );
             tokio::spawn(async move { client.put(url).json(&body).send().await.unwrap() })
         };
-        // The batch holds both records' room until the store answers it.
+        // The batch holds its records' room until the store answers it.
         let t0 = std::time::Instant::now();
         while up.requests("PUT", path).is_empty() {
             assert!(
@@ -767,7 +768,8 @@ async fn records_in_flight_are_bounded_over_requests() {
             );
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        let r = call(&g, "PUT", path, points(&[3], BENIGN), &[]).await;
+        // A second batch finds 20 records of room, not 80: refused at the deadline.
+        let r = call(&g, "PUT", path, points(100..180, BENIGN), &[]).await;
         assert_eq!(hdr(&r, "retry-after"), "1", "{b:?}");
         let status = r.status().as_u16();
         let v: Value = r.json().await.unwrap();
@@ -775,13 +777,20 @@ async fn records_in_flight_are_bounded_over_requests() {
         assert_eq!(
             up.requests("PUT", path).len(),
             1,
-            "{b:?}: the refused write reached the store"
+            "{b:?}: the refused batch reached the store"
+        );
+        // A small write is not kept waiting behind the batch.
+        let r = call(&g, "PUT", path, points(500..501, BENIGN), &[]).await;
+        assert_eq!(r.status(), 200, "{b:?}");
+        assert!(
+            !batch.is_finished(),
+            "{b:?}: the batch was to be still in flight"
         );
 
         assert_eq!(batch.await.unwrap().status(), 200, "{b:?}");
-        let r = call(&g, "PUT", path, points(&[3], BENIGN), &[]).await;
+        let r = call(&g, "PUT", path, points(100..180, BENIGN), &[]).await;
         assert_eq!(r.status(), 200, "{b:?}");
-        assert_eq!(up.requests("PUT", path).len(), 2, "{b:?}");
+        assert_eq!(up.requests("PUT", path).len(), 3, "{b:?}");
         assert!(g
             .metrics_text()
             .await

@@ -355,9 +355,8 @@ pub fn validate(c: &Config, problems: &mut Vec<ConfigProblem>) {
     if c.limits.proxy_max_records < 1 || c.limits.proxy_max_records > 1_000_000 {
         problems.push(problem("limits.proxy_max_records", "must be 1 to 1000000"));
     }
-    if c.limits.proxy_records_in_flight < c.limits.proxy_max_records
-        || c.limits.proxy_records_in_flight > 10_000_000
-    {
+    let in_flight = c.limits.records_in_flight();
+    if in_flight < c.limits.proxy_max_records || in_flight > 10_000_000 {
         problems.push(problem(
             "limits.proxy_records_in_flight",
             "must be at least limits.proxy_max_records (a request at the cap must fit) and at most 10000000",
@@ -708,6 +707,20 @@ policy = "missing"
         );
         assert!(
             p.iter().any(|x| x.starts_with("bogus: unknown section")),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn records_in_flight_default_to_one_batch_and_must_hold_one() {
+        let l = load_str("[limits]\nproxy_max_records = 500\n", Path::new(".")).unwrap();
+        assert_eq!(l.config.limits.records_in_flight(), 500);
+        let l = load_str("[limits]\nproxy_records_in_flight = 9000\n", Path::new(".")).unwrap();
+        assert_eq!(l.config.limits.records_in_flight(), 9000);
+        let p = problems_of("[limits]\nproxy_max_records = 500\nproxy_records_in_flight = 499\n");
+        assert!(
+            p.iter()
+                .any(|x| x.starts_with("limits.proxy_records_in_flight: must be at least")),
             "{p:?}"
         );
     }

@@ -161,13 +161,15 @@ pub struct Limits {
     /// judged); a pack's or route's `max_records` (the store's own batch limit) may be lower.
     #[serde(default = "default_proxy_max_records")]
     pub proxy_max_records: usize,
-    /// Records of proxied writes and deletes being handled at once, over every request of the
-    /// process (each request holds as many as it carries, from its count to its answer): what
-    /// bounds the memory of concurrent batches. A request waits its turn, in order, for at
-    /// most `body_timeout_ms`, then is answered 503. At least `proxy_max_records`; read at
-    /// start (a reload does not change it).
-    #[serde(default = "default_proxy_records_in_flight")]
-    pub proxy_records_in_flight: usize,
+    /// Records of proxied batches (writes and deletes of more than 64 records) being handled
+    /// at once, over every request of the process; each holds as many as it carries, from its
+    /// count to its answer. What bounds the memory of concurrent batches. A batch waits its
+    /// turn, in order, for at most `body_timeout_ms`, then is answered 503. Smaller writes take
+    /// their room from a lane of their own (1,024 records), so they never queue behind a batch.
+    /// Default (absent): `proxy_max_records`, one batch at the cap at a time. At least
+    /// `proxy_max_records`; read at start (a reload does not change it).
+    #[serde(default)]
+    pub proxy_records_in_flight: Option<usize>,
     /// Largest read answer the proxy buffers for retrieval treatment (502 above: an answer
     /// that cannot be treated is not passed on untreated).
     #[serde(default = "default_proxy_response")]
@@ -196,13 +198,21 @@ pub struct Limits {
     pub head_timeout_ms: u64,
 }
 
+impl Limits {
+    /// `proxy_records_in_flight`, or its default: one batch at the cap.
+    pub fn records_in_flight(&self) -> usize {
+        self.proxy_records_in_flight
+            .unwrap_or(self.proxy_max_records)
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             api_body_bytes: default_api_body(),
             proxy_body_bytes: default_proxy_body(),
             proxy_max_records: default_proxy_max_records(),
-            proxy_records_in_flight: default_proxy_records_in_flight(),
+            proxy_records_in_flight: None,
             proxy_response_bytes: default_proxy_response(),
             json_max_depth: default_json_depth(),
             body_timeout_ms: default_body_timeout(),
@@ -536,10 +546,6 @@ fn default_proxy_body() -> usize {
 /// Chroma's largest batch (`max_batch_size` on a default server), the largest of the packs'.
 fn default_proxy_max_records() -> usize {
     5461
-}
-/// Three batches at the largest cap: one batch never makes a small write wait.
-fn default_proxy_records_in_flight() -> usize {
-    3 * default_proxy_max_records()
 }
 fn default_proxy_response() -> usize {
     64 * 1024 * 1024

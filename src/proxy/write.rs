@@ -182,8 +182,8 @@ pub async fn handle(
             Some(p) => Some(p),
             None => {
                 let detail = format!(
-                    "the gate is handling as many records as it may at once ({}); nothing was sent to the store",
-                    cfg.limits.proxy_records_in_flight
+                    "the gate is handling as many batched records as it may at once ({}); nothing was sent to the store",
+                    cfg.limits.records_in_flight()
                 );
                 let retry = [("retry-after", "1".to_string())];
                 write_problem(session, 503, "overloaded", &detail, Value::Null, &retry).await?;
@@ -704,11 +704,17 @@ async fn unavailable(
     forward(session, rt, None, body, &headers, settle).await
 }
 
-/// The records of proxied writes being handled at once, over the process
-/// (`limits.proxy_records_in_flight`, sized at the first governed write). Tokio's semaphore
-/// serves waiters in order, so a batch waiting for room is not overtaken by the writes behind it.
-static RECORDS_IN_FLIGHT: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> =
-    std::sync::OnceLock::new();
+/// A write of at most this many records is a small one: it takes its room from a lane of its
+/// own, so small writes never queue behind a batch waiting for room.
+const SMALL_WRITE: usize = 64;
+/// Records of small writes handled at once.
+const SMALL_LANE: usize = 1024;
+
+/// The records being handled at once, over the process: batches
+/// (`limits.proxy_records_in_flight`, sized at the first governed write) and small writes.
+/// Tokio's semaphore serves waiters in order, so a batch waiting for room is not overtaken by
+/// the batches behind it.
+static LANES: std::sync::OnceLock<[Arc<tokio::sync::Semaphore>; 2]> = std::sync::OnceLock::new();
 
 /// Room for `n` records (one at least: a request without records still holds memory), waited
 /// for at most the body deadline. `None`: no room in time.
@@ -716,13 +722,21 @@ async fn records_in_flight(
     cfg: &crate::config::Config,
     n: usize,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let budget = cfg.limits.proxy_records_in_flight;
-    let sem = RECORDS_IN_FLIGHT
-        .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(budget)))
-        .clone();
-    let want = u32::try_from(n.clamp(1, budget.max(1))).unwrap_or(u32::MAX);
+    let budget = cfg.limits.records_in_flight();
+    let [batches, small] = LANES.get_or_init(|| {
+        [
+            Arc::new(tokio::sync::Semaphore::new(budget)),
+            Arc::new(tokio::sync::Semaphore::new(SMALL_LANE)),
+        ]
+    });
+    let (lane, cap) = if n <= SMALL_WRITE {
+        (small, SMALL_LANE)
+    } else {
+        (batches, budget)
+    };
+    let want = u32::try_from(n.clamp(1, cap.max(1))).unwrap_or(u32::MAX);
     let wait = Duration::from_millis(cfg.limits.body_timeout_ms);
-    match tokio::time::timeout(wait, sem.acquire_many_owned(want)).await {
+    match tokio::time::timeout(wait, lane.clone().acquire_many_owned(want)).await {
         Ok(Ok(p)) => Some(p),
         _ => {
             crate::metrics::PROXY_RECORDS
