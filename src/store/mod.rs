@@ -426,7 +426,7 @@ const CHECKPOINT_IDLE: Duration = Duration::from_millis(100);
 /// Often, while the log grows: a checkpoint ends with an fsync of the log and of the database,
 /// and while a big one runs the writer's appends to the log wait behind it (pages under
 /// writeback). Under 32 connections of proxied writes, every 100 ms gave a p99 of 31–35 ms;
-/// every 10 ms, 16–17 ms and ~10% more writes per second (see the README's Performance). At
+/// every 10 ms, 16–17 ms and ~10% more writes per second (see docs/performance.md). At
 /// rest (the log did not change since the last one) every 100 ms. Its own connection, not one
 /// of the read pool's: a hundred checkpoints a second would take a reader from the API, and
 /// sqlx pings a pooled connection at every release. Ends when the read pool closes.
