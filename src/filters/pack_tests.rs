@@ -432,7 +432,7 @@ fn look_alike_annotation_keys_are_removed() {
     );
 }
 
-/// Routes added after session 11's audit of the packs against the stores' references: each
+/// Routes from an audit of the packs against the stores' references: each
 /// matches the store's path with the kind it means.
 #[test]
 fn audited_routes_match() {

@@ -115,7 +115,7 @@ pub fn hash_value(v: &Value) -> String {
 
 /// Hex digits kept of each field's digest: 64 bits. The digests only name the field a replay
 /// finds altered; what proves the content is `replay_hash`, a whole sha256 of it. (Stored as 64
-/// hex digits before session 4; a recorded digest is compared as a prefix, so both read.)
+/// hex digits by earlier versions; a recorded digest is compared as a prefix, so both read.)
 pub const FIELD_DIGEST_HEX: usize = 16;
 
 /// The digest of one field's value as recorded: the first [`FIELD_DIGEST_HEX`] hex digits of the
@@ -542,7 +542,7 @@ mod tests {
             changed_fields(altered.as_object().unwrap(), &rec),
             vec!["decision".to_string()]
         );
-        // Receipts recorded with whole digests (before session 4) read the same way.
+        // Receipts recorded with whole digests (by earlier versions) read the same way.
         let whole: Map<String, Value> = content
             .as_object()
             .unwrap()
