@@ -48,7 +48,7 @@ NET_EPOCHS = 3
 NET_ALPHA = 1e-6
 NET_LEARNING_RATE = 2e-3
 NET_BATCH = 4096
-GATE_SHARE = 0.10
+GATE_SHARE = 0.03
 
 
 def load(workdir):
@@ -158,6 +158,8 @@ def main():
     Xn = sparse.csr_matrix((X.data, X.indices & ((1 << NET_BITS) - 1), X.indptr),
                            shape=(X.shape[0], 1 << NET_BITS))
     Xn.sum_duplicates()
+    windows = X.shape[0]
+    del X  # the linear copy is done with: memory for the network's fit
     net = fit_net(Xn, y, w)
     nl = net_logit(net, Xn)
     neg = y == 0
@@ -170,7 +172,7 @@ def main():
     gate_final = A * (gate - model.intercept_[0]) + const
     write_model(a.out, A * coef, const, a.spec, a.hold, a.warn,
                 net=(net.coefs_[0], net.intercepts_[0], A * mix * net.coefs_[1].ravel(), gate_final))
-    print(f"train: {X.shape[0]} windows ({int(y.sum())} injected, {int(hard.sum())} hard negatives); "
+    print(f"train: {windows} windows ({int(y.sum())} injected, {int(hard.sum())} hard negatives); "
           f"network {NET_BITS} bits x {NET_HIDDEN}, mix {mix:.4f}, gate {gate:.4f} -> {a.out}", file=sys.stderr)
 
 

@@ -17,7 +17,7 @@
 //! network's logit. The two models err on different windows; together they rank injections
 //! above clean text better than either (docs/detectors.md gives the measurement). The network
 //! is consulted only for a window whose linear logit reaches the model's gate (set in training
-//! where a tenth of clean windows lie above it): most windows of ordinary text stop at the
+//! where 3% of clean windows lie above it): most windows of ordinary text stop at the
 //! linear model, so the kernel's cost stays close to it. A pair of segments sums its two
 //! segments' integer rows. The network's floating-point steps are taken in a fixed order, each
 //! correctly rounded, so the logit stays the same bits everywhere.
