@@ -711,28 +711,33 @@ const SMALL_WRITE: usize = 64;
 const SMALL_LANE: usize = 1024;
 
 /// The records being handled at once, over the process: batches
-/// (`limits.proxy_records_in_flight`, sized at the first governed write) and small writes.
-/// Tokio's semaphore serves waiters in order, so a batch waiting for room is not overtaken by
-/// the batches behind it.
-static LANES: std::sync::OnceLock<[Arc<tokio::sync::Semaphore>; 2]> = std::sync::OnceLock::new();
+/// (`limits.proxy_records_in_flight`, sized at the first governed write, with that size) and
+/// small writes. Tokio's semaphore serves waiters in order, so a batch waiting for room is not
+/// overtaken by the batches behind it.
+static LANES: std::sync::OnceLock<([Arc<tokio::sync::Semaphore>; 2], usize)> =
+    std::sync::OnceLock::new();
 
 /// Room for `n` records (one at least: a request without records still holds memory), waited
-/// for at most the body deadline. `None`: no room in time.
+/// for at most the body deadline. `None`: no room in time. A batch larger than the lane (a
+/// reload raised `proxy_max_records` past the size read at start) waits for the whole lane.
 async fn records_in_flight(
     cfg: &crate::config::Config,
     n: usize,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    let budget = cfg.limits.records_in_flight();
-    let [batches, small] = LANES.get_or_init(|| {
-        [
-            Arc::new(tokio::sync::Semaphore::new(budget)),
-            Arc::new(tokio::sync::Semaphore::new(SMALL_LANE)),
-        ]
+    let ([batches, small], budget) = LANES.get_or_init(|| {
+        let budget = cfg.limits.records_in_flight();
+        (
+            [
+                Arc::new(tokio::sync::Semaphore::new(budget)),
+                Arc::new(tokio::sync::Semaphore::new(SMALL_LANE)),
+            ],
+            budget,
+        )
     });
     let (lane, cap) = if n <= SMALL_WRITE {
         (small, SMALL_LANE)
     } else {
-        (batches, budget)
+        (batches, *budget)
     };
     let want = u32::try_from(n.clamp(1, cap.max(1))).unwrap_or(u32::MAX);
     let wait = Duration::from_millis(cfg.limits.body_timeout_ms);
