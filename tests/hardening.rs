@@ -883,6 +883,29 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
+/// Trickles a header byte every 200 ms (each read well inside any per-read timeout), never the
+/// blank line, and asserts the gate cuts the connection within the head deadline's margin.
+async fn assert_trickle_cut(s: &mut TcpStream, head_ms: u64, what: &str) {
+    let t = Instant::now();
+    let mut cut = false;
+    while t.elapsed() < Duration::from_millis(head_ms * 6) {
+        if s.write_all(b"X").await.is_err() || closed_within(s, Duration::from_millis(200)).await {
+            cut = true;
+            break;
+        }
+    }
+    assert!(
+        cut,
+        "{what}: a trickled head was held for {:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(head_ms * 4),
+        "{what}: cut after {:?}",
+        t.elapsed()
+    );
+}
+
 /// Slowloris, on both listeners: a client that trickles its request head (a byte at a time,
 /// each in time for a per-read timeout) is cut off once `limits.head_timeout_ms` passes for
 /// the whole head; one address holding many slow connections gets only its share
@@ -914,22 +937,7 @@ async fn slow_heads_are_cut_and_one_address_holds_only_its_share() {
         // timeout), never the blank line.
         let mut s = connect_from("127.0.0.3", a).await;
         s.write_all(start.as_bytes()).await.unwrap();
-        let t = Instant::now();
-        let mut cut = false;
-        while t.elapsed() < Duration::from_millis(HEAD_MS * 6) {
-            if s.write_all(b"X").await.is_err()
-                || closed_within(&mut s, Duration::from_millis(200)).await
-            {
-                cut = true;
-                break;
-            }
-        }
-        assert!(cut, "{a}: a trickled head was held for {:?}", t.elapsed());
-        assert!(
-            t.elapsed() < Duration::from_millis(HEAD_MS * 4),
-            "{a}: cut after {:?}",
-            t.elapsed()
-        );
+        assert_trickle_cut(&mut s, HEAD_MS, a).await;
 
         // Twenty slow connections from one address (more than the listener's total): four are
         // taken, the rest are closed at once.
@@ -1013,25 +1021,6 @@ async fn slow_heads_are_cut_and_one_address_holds_only_its_share() {
     c.write_all(b"GET /api/v2/heartbeat HTTP/1.1\r\n")
         .await
         .unwrap();
-    let t = Instant::now();
-    let mut cut = false;
-    while t.elapsed() < Duration::from_millis(HEAD_MS * 6) {
-        if c.write_all(b"X").await.is_err()
-            || closed_within(&mut c, Duration::from_millis(200)).await
-        {
-            cut = true;
-            break;
-        }
-    }
-    assert!(
-        cut,
-        "a kept-alive connection's trickled head was held for {:?}",
-        t.elapsed()
-    );
-    assert!(
-        t.elapsed() < Duration::from_millis(HEAD_MS * 4),
-        "cut after {:?}",
-        t.elapsed()
-    );
+    assert_trickle_cut(&mut c, HEAD_MS, "a kept-alive connection").await;
     assert_alive(&g).await;
 }
