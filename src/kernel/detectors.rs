@@ -3734,8 +3734,8 @@ fn describes_match(s: &str, start: usize, end: usize) -> bool {
     (!opens || quoted) && describes_injection(sentence)
 }
 
-/// Quotation marks by pair, opening then closing: English, German and Scandinavian, French and
-/// guillemets both ways, CJK corner brackets, full-width.
+/// Quotation marks by pair, opening then closing: straight and curly English, German and
+/// Swedish, guillemets both ways, CJK corner brackets.
 const QUOTE_PAIRS: [(char, char); 11] = [
     ('"', '"'),
     ('“', '”'),
